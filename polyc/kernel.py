@@ -1,0 +1,373 @@
+"""``define`` / ``Kernel``: specialise a definition on shapes, run the one pipeline function, cache, call.
+
+    >>> matmul = polyc.define('''
+    ... def matmul(float(M,K) A, float(K,N) B) -> (C) {
+    ...     C(m,n) +=! A(m,k) * B(k,n)
+    ... }''')
+    >>> C = matmul(A, B)                  # compiled for these shapes/dtypes on the first call, cached after
+    >>> print(matmul.specialize(A, B).stage("ast"))
+
+Arrays are C-contiguous numpy arrays (other layouts are copied). Outputs and temporaries are allocated by
+polyc and zero-initialised, so ``+=`` without ``!`` accumulates onto zeros.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import debug
+from .codegen import compile_module, emit_kernel, host_target, load_object, new_module
+from .errors import PolycError, ShapeError
+from .lang import ast as L
+from .lang import check_def, parse
+from .options import Options
+from .poly.astbuild import ast_to_c, build_ast
+from .poly.build import build_scop
+from .poly.deps import compute_dependences
+from .poly.schedule import compute_schedule
+from .poly.strategy import optimize
+from .poly.verify import check_schedule
+from .runtime import cache
+
+__version__ = "0.1.0"
+
+#: The stages a compiled kernel can print, in pipeline order.
+STAGES = ("domain", "deps", "schedule", "transformed", "ast", "llvm", "asm")
+
+
+def verifying() -> bool:
+    """Whether the between-stage verifier runs (``POLYC_VERIFY=1``, or under pytest)."""
+    flag = os.environ.get("POLYC_VERIFY")
+    if flag is not None:
+        return flag not in ("0", "")
+    return "pytest" in sys.modules
+
+
+@dataclass(frozen=True, eq=False)
+class Stages:
+    """Every stage of one compilation, as built: Scop, dependences, schedule trees, isl AST, LLVM IR."""
+
+    scop: object
+    dependences: object
+    schedule: object
+    transformed: object
+    ast: object
+    llvm: str
+    jit: object
+
+    def text(self, stage: str) -> str:
+        """The stage in the field's notation (one of :data:`STAGES`)."""
+        if stage == "domain":
+            return str(self.scop)
+        if stage == "deps":
+            return str(self.dependences)
+        if stage == "schedule":
+            return str(self.schedule)
+        if stage == "transformed":
+            return str(self.transformed)
+        if stage == "ast":
+            return ast_to_c(self.ast)
+        if stage == "llvm":
+            return self.llvm
+        if stage == "asm":
+            return self.jit.asm
+        raise PolycError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+
+
+def compile_stages(checked: L.CheckedDef, sizes: dict, options: Options, target) -> Stages:
+    """The pipeline: CheckedDef + sizes → Scop → dependences → schedule → CPU transforms → isl AST → LLVM IR
+    → native code. Each stage is logged (``POLYC_DEBUG``); the verifier runs between stages when on."""
+    t = time.perf_counter()
+    scop = build_scop(checked, sizes)
+    debug.log_stage("scop", scop, t)
+    t = time.perf_counter()
+    deps = compute_dependences(scop)
+    debug.log_stage("dependences", deps, t)
+    t = time.perf_counter()
+    schedule = compute_schedule(scop, deps, options)
+    debug.log_stage("schedule", schedule, t)
+    t = time.perf_counter()
+    transformed = optimize(schedule, scop, target, options)
+    debug.log_stage("transformed", transformed, t)
+    if verifying():
+        check_schedule(schedule, scop, deps, "schedule")
+        check_schedule(transformed, scop, deps, "transformed")
+    t = time.perf_counter()
+    ast = build_ast(transformed)
+    debug.log_stage("ast", ast_to_c(ast), t)
+    t = time.perf_counter()
+    module = new_module(target)
+    emit_kernel(module, scop, ast, target, options)
+    llvm = str(module)
+    debug.log_stage("llvm", llvm, t)
+    t = time.perf_counter()
+    jit = compile_module(llvm, target, options.opt_level)
+    debug.log_stage("jit", "", t)
+    return Stages(scop, deps, schedule, transformed, ast, llvm, jit)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A kernel argument: name, numpy dtype name, shape (elements), role (input/output/temp)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    role: str
+
+
+class Compiled:
+    """A kernel specialised on shapes and dtypes, compiled to native code.
+
+    ``tensors`` is the native argument order (inputs, outputs, temporaries). ``stage(name)`` prints a stage;
+    for an entry loaded from the disk cache the stages are rebuilt on first request.
+    """
+
+    def __init__(self, kernel: "Kernel", sizes: dict, options: Options, tensors, jit, stages=None):
+        self.kernel = kernel
+        self.sizes = dict(sizes)
+        self.options = options
+        self.tensors = tuple(tensors)
+        self._jit = jit
+        self._stages = stages
+        self.name = kernel.checked.name
+        self._fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(jit.address(self.name))
+        self.inputs = tuple(t for t in self.tensors if t.role == "input")
+        self.outputs = tuple(t for t in self.tensors if t.role == "output")
+        self.temps = tuple(t for t in self.tensors if t.role == "temp")
+
+    @property
+    def stages(self) -> Stages:
+        if self._stages is None:
+            self._stages = compile_stages(self.kernel.checked, self.sizes, self.options, self.kernel.target)
+        return self._stages
+
+    def stage(self, name: str) -> str:
+        """The text of one stage (see :data:`STAGES`)."""
+        return self.stages.text(name)
+
+    @property
+    def output_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(t.shape for t in self.outputs)
+
+    def run_pointers(self, pointers) -> None:
+        """Call the native kernel on raw data pointers (``tensors`` order). Raises KernelRuntimeError."""
+        from .errors import KernelRuntimeError
+
+        args = (ctypes.c_void_p * len(pointers))(*pointers)
+        status = self._fn(ctypes.addressof(args))
+        if status != 0:
+            raise KernelRuntimeError(f"kernel '{self.name}': a data-dependent index is out of range "
+                                     f"(status {status})", hint="check the index tensors' values")
+
+    def __call__(self, *args, out=None):
+        arrays = self.kernel._coerce_inputs(args)
+        outs = _prepare_outputs(self.outputs, out)
+        temps = [np.zeros(t.shape, t.dtype) for t in self.temps]
+        pointers = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + [t.ctypes.data for t in temps]
+        self.run_pointers(pointers)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _prepare_outputs(specs, out):
+    if out is None:
+        return [np.zeros(t.shape, t.dtype) for t in specs]
+    outs = [out] if isinstance(out, np.ndarray) else list(out)
+    if len(outs) != len(specs):
+        raise ShapeError(f"out= has {len(outs)} arrays; the kernel returns {len(specs)}")
+    for o, t in zip(outs, specs):
+        if not isinstance(o, np.ndarray) or o.shape != t.shape or o.dtype != np.dtype(t.dtype):
+            got = f"{o.dtype}{list(o.shape)}" if isinstance(o, np.ndarray) else type(o).__name__
+            raise ShapeError(f"out= for output '{t.name}': expected {t.dtype}{list(t.shape)}, got {got}")
+        if not o.flags.c_contiguous or not o.flags.writeable:
+            raise ShapeError(f"out= for output '{t.name}' must be a writeable C-contiguous array")
+    return outs
+
+
+class Kernel:
+    """A definition of the language, compiled per (shapes, dtypes, options) on demand.
+
+    Raises ParseError/SemanticError/UnsupportedError at construction for a bad definition, ShapeError at
+    call time for arguments that do not fit.
+    """
+
+    def __init__(self, source: str, name: str | None = None, options: Options | None = None,
+                 filename: str = "<source>"):
+        self.source = source
+        self.options = options or Options()
+        self.target = host_target()
+        try:
+            program = parse(source, filename)
+        except PolycError as exc:
+            raise exc.with_source(source, filename) from None
+        names = [d.name for d in program.defs]
+        if not names:
+            raise PolycError("the source defines no kernel; expected 'def NAME(...) -> (...) { ... }'")
+        if name is None:
+            if len(names) > 1:
+                raise PolycError(f"the source defines {len(names)} kernels ({', '.join(names)}); "
+                                 "pick one with name=")
+            name = names[0]
+        if name not in names:
+            raise PolycError(f"no def named '{name}'; the source defines: {', '.join(names)}")
+        defn = program.defs[names.index(name)]
+        try:
+            self.checked = check_def(defn, source)
+        except PolycError as exc:
+            raise exc.with_source(source, filename) from None
+        self.name = name
+        self._compiled: dict = {}
+
+    def __repr__(self) -> str:
+        return f"<polyc.Kernel {self.name}>"
+
+    # ---- binding arguments ----
+    def _coerce_inputs(self, args) -> list[np.ndarray]:
+        inputs = self.checked.inputs
+        if len(args) != len(inputs):
+            raise ShapeError(f"{self.name} takes {len(inputs)} arguments ({', '.join(t.name for t in inputs)}), "
+                             f"got {len(args)}")
+        arrays = []
+        for value, t in zip(args, inputs):
+            if not isinstance(value, np.ndarray):
+                if t.dims:
+                    raise ShapeError(f"argument '{t.name}' must be a numpy array of {t.dtype} with "
+                                     f"{len(t.dims)} dimensions, got {type(value).__name__}")
+                value = np.asarray(value, dtype=t.dtype)
+            if value.dtype != np.dtype(t.dtype):
+                if value.ndim == 0 and not t.dims and np.can_cast(value.dtype, t.dtype, "same_kind"):
+                    value = value.astype(t.dtype)
+                else:
+                    raise ShapeError(f"argument '{t.name}': expected dtype {t.dtype}, got {value.dtype}",
+                                     hint=f"convert it with .astype(np.{t.dtype})")
+            if value.ndim != len(t.dims or ()):
+                raise ShapeError(f"argument '{t.name}': expected {len(t.dims or ())} dimensions, "
+                                 f"got shape {list(value.shape)}")
+            arrays.append(np.ascontiguousarray(value))
+        return arrays
+
+    def bind_sizes(self, shapes) -> dict:
+        """Size name → extent from the input shapes; raises ShapeError naming both tensors and the size when
+        two inputs disagree, or the tensor and the dim when a literal extent differs."""
+        sizes: dict = {}
+        where: dict = {}
+        for shape, t in zip(shapes, self.checked.inputs):
+            for k, (extent, dim) in enumerate(zip(shape, t.dims or ())):
+                if isinstance(dim.value, int):
+                    if extent != dim.value:
+                        raise ShapeError(f"argument '{t.name}' dimension {k} must be {dim.value}, got {extent}")
+                elif dim.value in sizes and sizes[dim.value] != extent:
+                    other, other_k = where[dim.value]
+                    raise ShapeError(f"size '{dim.value}' is {sizes[dim.value]} in '{other}' (dimension "
+                                     f"{other_k}) but {extent} in '{t.name}' (dimension {k})")
+                else:
+                    sizes[dim.value] = extent
+                    where.setdefault(dim.value, (t.name, k))
+        return sizes
+
+    # ---- compiling ----
+    def specialize(self, *arrays_or_shapes, options: Options | None = None) -> Compiled:
+        """The kernel compiled for these input shapes (arrays, or shape tuples; 0-d inputs as ``()``)."""
+        if len(arrays_or_shapes) != len(self.checked.inputs):
+            raise ShapeError(f"{self.name} takes {len(self.checked.inputs)} arguments, "
+                             f"got {len(arrays_or_shapes)}")
+        shapes = []
+        for a, t in zip(arrays_or_shapes, self.checked.inputs):
+            shape = tuple(a) if isinstance(a, (tuple, list)) else np.shape(a)
+            if len(shape) != len(t.dims or ()):
+                raise ShapeError(f"argument '{t.name}': expected {len(t.dims or ())} dimensions, "
+                                 f"got shape {list(shape)}")
+            shapes.append(shape)
+        return self.specialize_sizes(self.bind_sizes(shapes), options or self.options)
+
+    def specialize_sizes(self, sizes: dict, options: Options | None = None) -> Compiled:
+        """The kernel compiled for the given sizes (size name → extent, every size of the def)."""
+        missing = [n for n in self.checked.sizes if n not in sizes]
+        if missing:
+            raise ShapeError(f"{self.name}: no value for size {', '.join(missing)}",
+                             hint="give every size, e.g. " + ",".join(f"{n}=64" for n in self.checked.sizes))
+        sizes = {n: int(sizes[n]) for n in self.checked.sizes}
+        options = options or self.options
+        key = (tuple(sorted(sizes.items())), options)
+        compiled = self._compiled.get(key)
+        if compiled is not None:
+            return compiled
+        disk_key = cache.make_key(__version__, self.source, self.name, sorted(sizes.items()), options.to_spec(),
+                                  self.target.key(), _versions())
+        t = time.perf_counter()
+        entry = cache.load(disk_key)
+        compiled = None
+        if entry is not None:
+            try:
+                jit = load_object(entry["object"], self.target)
+                tensors = [TensorSpec(*t) for t in entry["tensors"]]
+                compiled = Compiled(self, sizes, options, tensors, jit)
+            except Exception as exc:  # a stale or foreign entry: rebuild it
+                debug.log(f"cache: entry for {self.name} unusable ({exc}); rebuilding")
+                cache.remove(disk_key)
+                compiled = None
+        if compiled is None:
+            stages = compile_stages(self.checked, sizes, options, self.target)
+            tensors = [TensorSpec(t.name, t.dtype, tuple(t.shape), t.role) for t in stages.scop.tensors]
+            compiled = Compiled(self, sizes, options, tensors, stages.jit, stages)
+            cache.store(disk_key, {"object": stages.jit.object_code,
+                                   "tensors": [(t.name, t.dtype, t.shape, t.role) for t in tensors]})
+        debug.log(f"{self.name} {sizes}: ready in {(time.perf_counter() - t) * 1e3:.1f} ms "
+                  f"({'disk cache' if entry is not None and compiled._stages is None else 'compiled'})")
+        self._compiled[key] = compiled
+        return compiled
+
+    def __call__(self, *args, out=None, options: Options | None = None):
+        arrays = self._coerce_inputs(args)
+        compiled = self.specialize_sizes(self.bind_sizes([a.shape for a in arrays]), options or self.options)
+        return compiled(*arrays, out=out)
+
+
+def _versions():
+    """Versions of the libraries whose output the disk cache holds (package metadata, no imports)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for package in ("islpy", "llvmlite"):
+        try:
+            found.append(version(package))
+        except PackageNotFoundError:
+            found.append("")
+    return tuple(found)
+
+
+def define(source: str, name: str | None = None, options: Options | None = None,
+           filename: str = "<source>") -> Kernel:
+    """Define a kernel from source text of the language; ``name`` picks one ``def`` when there are several.
+
+    Raises ParseError, SemanticError or UnsupportedError (with line:column and a caret) for bad source, and
+    PolycError listing the defs when ``name`` is missing or wrong.
+    """
+    return Kernel(source, name, options, filename)
+
+
+_EINSUM_KERNELS: dict = {}
+
+
+def einsum(subscripts: str, *operands, options: Options | None = None):
+    """numpy-compatible ``einsum`` (explicit or implicit output, no ellipsis) compiled through the pipeline.
+
+    Operands are numpy arrays; the result dtype is numpy's result type of the operands.
+    """
+    from .lang.einsum import einsum_source
+
+    arrays = [np.asarray(op) for op in operands]
+    shapes = [a.shape for a in arrays]
+    dtypes = [a.dtype.name for a in arrays]
+    key = (subscripts, tuple(shapes), tuple(dtypes), options)
+    kernel = _EINSUM_KERNELS.get(key)
+    if kernel is None:
+        source, name = einsum_source(subscripts, shapes, dtypes)
+        kernel = define(source, name, options)
+        _EINSUM_KERNELS[key] = kernel
+    return kernel(*arrays)

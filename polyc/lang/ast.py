@@ -1,0 +1,308 @@
+"""The language's abstract syntax tree: frozen nodes, each with the :class:`~polyc.errors.Span` it came from.
+
+The parser (``polyc.lang.parser``) builds these nodes with ``dtype=None`` on every expression. Semantic
+analysis (``polyc.lang.sema.check_def``) returns a *typed* copy in which
+
+- every :class:`Expr` has ``dtype`` set to one of :data:`DTYPES`;
+- implicit conversions are explicit :class:`Cast` nodes, so the operands of an arithmetic :class:`Binary`
+  have the dtype of its result; comparison operands share one dtype and the result is ``bool``; ``&&``,
+  ``||`` and ``!`` take and give ``bool``; a :class:`Select` has a ``bool`` condition and branches of its dtype;
+- :class:`Call` arguments already have the dtype the builtin computes in (float32 or float64 for the
+  transcendental builtins);
+- ``where`` let bindings are substituted into the right-hand side (no :class:`Ident` refers to a let);
+- an :class:`Ident` is an index variable (``kind="index"``, dtype int32), a size (``kind="size"``, dtype int32)
+  or a 0-d parameter (``kind="scalar"``, dtype of the parameter).
+
+Names of the dtypes follow numpy: bool, int8..int64, uint8..uint64, float32, float64. The source spellings
+``float`` (= float32) and ``double`` (= float64) are canonicalised by the parser.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from ..errors import Span
+
+#: The dtypes of the language, numpy spelling.
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
+
+#: Source spellings of types → canonical dtype.
+TYPE_NAMES = {**{d: d for d in DTYPES}, "float": "float32", "double": "float64"}
+
+#: Reduction operators: the operator in ``T(i) OP expr`` (``!`` forms keep the ``!``).
+ASSIGN_OPS = ("=", "+=", "*=", "max=", "min=", "+=!", "*=!", "max=!", "min=!")
+
+#: Builtin functions callable in expressions.
+BUILTINS = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "fabs", "abs", "fmax", "fmin", "fma", "pow",
+            "erf", "floor", "ceil", "sin", "cos", "min", "max")
+
+
+def _span_field():
+    return field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Const:
+    """A numeric literal. ``value`` is an int (int32 literal unless out of range) or a float."""
+
+    value: Union[int, float, bool]
+    span: Span | None = _span_field()
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class Ident:
+    """A name used as a value: index variable, size, 0-d parameter or (before sema) a let binding.
+
+    ``kind`` is set by sema: ``"index"``, ``"size"`` or ``"scalar"``.
+    """
+
+    name: str
+    span: Span | None = _span_field()
+    dtype: str | None = None
+    kind: str | None = None
+
+
+@dataclass(frozen=True)
+class Access:
+    """A read of tensor ``tensor`` at ``args`` (one expression per dimension), e.g. ``A(h+kh, B(i))``."""
+
+    tensor: str
+    args: tuple["Expr", ...]
+    span: Span | None = _span_field()
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class Unary:
+    """``-x`` or ``!x``."""
+
+    op: str
+    operand: "Expr"
+    span: Span | None = _span_field()
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class Binary:
+    """``lhs op rhs`` with op in ``+ - * / % < <= > >= == != && ||``.
+
+    Integer ``/`` and ``%`` round toward minus infinity (Halide semantics); float ``%`` is ``fmod``-like with
+    the sign of the divisor (numpy's ``np.mod``).
+    """
+
+    op: str
+    lhs: "Expr"
+    rhs: "Expr"
+    span: Span | None = _span_field()
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class Select:
+    """``cond ? then : other``."""
+
+    cond: "Expr"
+    then: "Expr"
+    other: "Expr"
+    span: Span | None = _span_field()
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """A builtin call ``func(args...)``; ``func`` is one of :data:`BUILTINS`."""
+
+    func: str
+    args: tuple["Expr", ...]
+    span: Span | None = _span_field()
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class Cast:
+    """A conversion ``float(e)``, ``int32(e)`` ...; ``to`` is the canonical dtype. Sema inserts implicit ones."""
+
+    to: str
+    operand: "Expr"
+    span: Span | None = _span_field()
+    dtype: str | None = None
+
+
+Expr = Union[Const, Ident, Access, Unary, Binary, Select, Call, Cast]
+
+
+@dataclass(frozen=True)
+class RangeClause:
+    """``where i in lo:hi`` — ``lo`` inclusive, ``hi`` exclusive; expressions of sizes and constants."""
+
+    index: str
+    lo: Expr
+    hi: Expr
+    span: Span | None = _span_field()
+
+
+@dataclass(frozen=True)
+class ExistsClause:
+    """``where exists expr`` — ``expr`` (usually an access) constrains range inference only."""
+
+    expr: Expr
+    span: Span | None = _span_field()
+
+
+@dataclass(frozen=True)
+class LetClause:
+    """``where x = expr`` — a name for an expression, substituted by sema."""
+
+    name: str
+    expr: Expr
+    span: Span | None = _span_field()
+
+
+WhereClause = Union[RangeClause, ExistsClause, LetClause]
+
+
+@dataclass(frozen=True)
+class IndexVar:
+    """An index variable on the left-hand side of a statement."""
+
+    name: str
+    span: Span | None = _span_field()
+
+
+@dataclass(frozen=True)
+class Statement:
+    """``tensor(indices) op rhs [where clauses]``; ``op`` is one of :data:`ASSIGN_OPS`."""
+
+    tensor: str
+    indices: tuple[IndexVar, ...]
+    op: str
+    rhs: Expr
+    where: tuple[WhereClause, ...] = ()
+    span: Span | None = _span_field()
+
+    @property
+    def reduction_op(self) -> str:
+        """The operator without ``!``: ``=``, ``+=``, ``*=``, ``max=`` or ``min=``."""
+        return self.op.rstrip("!")
+
+    @property
+    def initializes(self) -> bool:
+        """Whether the tensor is first set to the reduction's identity (the ``!`` forms)."""
+        return self.op.endswith("!")
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One dimension in a type: a size name (``M``) or an integer literal (``256``)."""
+
+    value: Union[str, int]
+    span: Span | None = _span_field()
+
+
+@dataclass(frozen=True)
+class Param:
+    """An input ``float(M,K) A``; ``dims == ()`` is a 0-d scalar."""
+
+    name: str
+    dtype: str
+    dims: tuple[Dim, ...]
+    span: Span | None = _span_field()
+
+
+@dataclass(frozen=True)
+class Output:
+    """An output in ``-> (C, float(M,N) D)``; ``dtype``/``dims`` are ``None`` when inferred."""
+
+    name: str
+    dtype: str | None = None
+    dims: tuple[Dim, ...] | None = None
+    span: Span | None = _span_field()
+
+
+@dataclass(frozen=True)
+class Def:
+    """``def name(params) -> (outputs) { statements }``."""
+
+    name: str
+    params: tuple[Param, ...]
+    outputs: tuple[Output, ...]
+    statements: tuple[Statement, ...]
+    span: Span | None = _span_field()
+
+
+@dataclass(frozen=True)
+class Program:
+    """A parsed source: its defs in order and the text they came from (for error carets)."""
+
+    defs: tuple[Def, ...]
+    source: str = field(default="", compare=False, repr=False)
+
+
+# ---- the result of semantic analysis (built by polyc.lang.sema.check_def) ----
+
+@dataclass(frozen=True)
+class TensorDecl:
+    """A tensor of a checked def.
+
+    ``role`` is ``"input"``, ``"output"`` or ``"temp"`` (written but not returned: allocated by polyc).
+    ``dims`` are the declared dimensions (inputs, typed outputs) or ``None`` when range inference gives them.
+    """
+
+    name: str
+    dtype: str
+    rank: int
+    role: str
+    dims: tuple[Dim, ...] | None
+    span: Span | None = _span_field()
+
+
+@dataclass(frozen=True)
+class CheckedStatement:
+    """A typed statement with its index variables split into the left-hand ones and the reduction ones.
+
+    ``reduction_indices`` are the index variables that occur on the right (or in where clauses) but not on
+    the left, in order of first occurrence. The iteration domain's dimensions are
+    ``lhs_indices + reduction_indices``.
+    """
+
+    stmt: Statement
+    lhs_indices: tuple[str, ...]
+    reduction_indices: tuple[str, ...]
+
+    @property
+    def indices(self) -> tuple[str, ...]:
+        return self.lhs_indices + self.reduction_indices
+
+
+@dataclass(frozen=True)
+class CheckedDef:
+    """A def that passed every check: typed statements and every tensor's declaration.
+
+    ``tensors`` lists inputs in parameter order, then outputs in return order, then temporaries in order of
+    first write. ``sizes`` lists the size names of the parameters in order of first occurrence.
+    """
+
+    name: str
+    tensors: tuple[TensorDecl, ...]
+    sizes: tuple[str, ...]
+    statements: tuple[CheckedStatement, ...]
+    source: str = field(default="", compare=False, repr=False)
+
+    def tensor(self, name: str) -> TensorDecl:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    @property
+    def inputs(self) -> tuple[TensorDecl, ...]:
+        return tuple(t for t in self.tensors if t.role == "input")
+
+    @property
+    def outputs(self) -> tuple[TensorDecl, ...]:
+        return tuple(t for t in self.tensors if t.role == "output")
+
+    @property
+    def temps(self) -> tuple[TensorDecl, ...]:
+        return tuple(t for t in self.tensors if t.role == "temp")

@@ -1,0 +1,287 @@
+"""CheckedDef + sizes → Scop: range inference, iteration domains, access relations, bounds checks.
+
+Range inference follows Tensor Comprehensions' documented rules, computed exactly with isl on the
+specialised sizes:
+
+1. ``where i in lo:hi`` clauses fix ranges first.
+2. Rounds: an index that appears *alone* in an access argument (every other index of the argument already
+   has a range) gets the largest range keeping every such access in bounds for all values of the solved
+   indices: ``{ [i] } - proj_i { [i, s] : s in ranges and (arg < 0 or arg >= extent) }``. Indices solved in a
+   round become known for the next one. Accesses are the reads on the right, ``exists`` clauses, and the
+   left-hand side of a tensor whose shape is already known (an input-typed output, or a tensor written by an
+   earlier statement).
+3. An index still without a range is an error naming it and suggesting a where clause; an empty range is an
+   error too.
+
+Output and temporary shapes are the inferred extents of their first write. Beyond TC, every affine access
+is then checked exactly against its tensor's shape over the iteration domain (guarded by the affine
+conditions of enclosing ``?:``): a read that can leave the tensor is an error here, never a wrong answer or
+a crash at run time. Data-dependent reads (``A(B(i))``) are over-approximated to the whole dimension and
+checked at run time by the generated code.
+"""
+from __future__ import annotations
+
+import islpy as isl
+
+from ..errors import RangeError, SemanticError
+from ..lang import ast as L
+from .affine import affine_text, children, constant_value, guard_text, index_names, isl_name
+from .scop import PolyStatement, Scop, Tensor
+
+#: The identity of each reduction operator, by dtype kind (float / signed int / unsigned int / bool).
+_IDENTITY = {"+=": 0, "*=": 1}
+
+
+def identity_value(op: str, dtype: str):
+    """The identity element of reduction ``op`` (``+=``, ``*=``, ``max=``, ``min=``) for ``dtype``."""
+    import numpy as np
+
+    if op in _IDENTITY:
+        return float(_IDENTITY[op]) if dtype.startswith("float") else _IDENTITY[op]
+    if dtype.startswith("float"):
+        return float("-inf") if op == "max=" else float("inf")
+    if dtype == "bool":
+        return op == "min="
+    info = np.iinfo(dtype)
+    return int(info.min) if op == "max=" else int(info.max)
+
+
+def input_shapes(checked: L.CheckedDef, sizes: dict) -> dict[str, tuple[int, ...]]:
+    """Shapes of the inputs and of the outputs declared with dims, from the sizes."""
+    shapes = {}
+    for t in checked.tensors:
+        if t.dims is not None:
+            shapes[t.name] = tuple(d.value if isinstance(d.value, int) else sizes[d.value] for d in t.dims)
+    return shapes
+
+
+def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
+    """The Scop of ``checked`` specialised on ``sizes`` (size name → extent, every size of the def).
+
+    Raises :class:`~polyc.errors.RangeError` when range inference fails or an access can leave its tensor.
+    """
+    shapes = input_shapes(checked, sizes)
+    statements: list[PolyStatement] = []
+    ranges: dict = {}
+    try:
+        for cs in checked.statements:
+            stmt_ranges, constraints = infer_ranges(cs, shapes, sizes, checked.source)
+            if cs.stmt.tensor not in shapes:
+                shapes[cs.stmt.tensor] = tuple(stmt_ranges[i][1] for i in cs.lhs_indices)
+            if cs.stmt.initializes:
+                name = f"S{len(statements)}"
+                init_domain = _box(name, cs.lhs_indices, stmt_ranges)
+                dtype = checked.tensor(cs.stmt.tensor).dtype
+                rhs = L.Const(identity_value(cs.stmt.reduction_op, dtype), dtype=dtype)
+                statements.append(_statement(name, cs.lhs_indices, init_domain, cs, "init", rhs, sizes, shapes))
+            name = f"S{len(statements)}"
+            for index in cs.indices:
+                ranges[(name, index)] = stmt_ranges[index]
+            box = [f"{stmt_ranges[i][0]} <= {isl_name(i)} < {stmt_ranges[i][1]}" for i in cs.indices]
+            domain = isl.Set(_set_text(name, cs.indices, box + constraints))
+            statements.append(_statement(name, cs.indices, domain, cs, cs.stmt.reduction_op, cs.stmt.rhs,
+                                         sizes, shapes))
+    except isl.Error as exc:  # a polyc bug: the text we built is not isl's
+        raise SemanticError(f"internal error building the polyhedral model: {exc}") from None
+    tensors = tuple(Tensor(t.name, t.dtype, shapes[t.name], t.role) for t in checked.tensors)
+    scop = Scop(checked.name, tensors, tuple(statements), dict(sizes), ranges, (), checked.source)
+    for s in scop.statements:
+        check_bounds(s, scop, checked.source)
+    return scop
+
+
+# ---- range inference -------------------------------------------------------------------------------------
+
+def _accesses(expr: L.Expr, out: list):
+    """Every tensor access in ``expr`` (nested ones too) as ``(tensor, args, span)``."""
+    if isinstance(expr, L.Access):
+        out.append((expr.tensor, expr.args, expr.span))
+    for c in children(expr):
+        _accesses(c, out)
+    return out
+
+
+def infer_ranges(cs: L.CheckedStatement, shapes: dict, sizes: dict, source: str):
+    """``(ranges, constraints)``: index → ``(lo, hi)`` and the isl text of the constraints that keep the
+    accesses used for inference in bounds (they may cut holes in the box)."""
+    stmt = cs.stmt
+    ranges: dict[str, tuple[int, int]] = {}
+    constraints: list[str] = []
+    for clause in stmt.where:
+        if isinstance(clause, L.RangeClause):
+            lo = constant_value(clause.lo, sizes)
+            hi = constant_value(clause.hi, sizes)
+            if lo is None or hi is None:
+                raise RangeError(f"the range of '{clause.index}' must be an expression of sizes and literals",
+                                 clause.span, source)
+            if hi <= lo:
+                raise RangeError(f"empty range {lo}:{hi} for index '{clause.index}'", clause.span, source,
+                                 hint="check the sizes of the arguments")
+            ranges[clause.index] = (lo, hi)
+    accesses = []
+    for clause in stmt.where:
+        if isinstance(clause, L.ExistsClause):
+            _accesses(clause.expr, accesses)
+    _accesses(stmt.rhs, accesses)
+    if stmt.tensor in shapes:
+        lhs_args = tuple(L.Ident(i.name, i.span, "int32", "index") for i in stmt.indices)
+        accesses.append((stmt.tensor, lhs_args, stmt.span))
+    candidates = []  # (index, arg text, extent, other indices)
+    for tensor, args, _span in accesses:
+        shape = shapes.get(tensor)
+        if shape is None or len(shape) != len(args):
+            continue
+        for arg, extent in zip(args, shape):
+            names = index_names(arg)
+            text = affine_text(arg, set(names), sizes)
+            if text is None or not names:
+                continue
+            candidates.append((names, text, extent))
+    while True:
+        solved = {}
+        for index in cs.indices:
+            if index in ranges:
+                continue
+            good = None
+            for names, text, extent in candidates:
+                if index not in names or any(n != index and n not in ranges for n in names):
+                    continue
+                others = [n for n in names if n != index]
+                keep = _in_bounds_set(index, others, ranges, text, extent)
+                good = keep if good is None else good.intersect(keep)
+                constraints.append(f"0 <= {text} < {extent}")
+            if good is None:
+                continue
+            if good.is_empty() or not good.is_bounded():
+                kind = "empty" if good.is_empty() else "unbounded"
+                raise RangeError(f"the inferred range of index '{index}' is {kind}", stmt.span, source,
+                                 hint=f"check the argument shapes, or give the range with 'where {index} in lo:hi'")
+            lo = _bound(good, min)
+            hi = _bound(good, max) + 1
+            solved[index] = (lo, hi)
+        if not solved:
+            break
+        ranges.update(solved)
+    for index in cs.indices:
+        if index not in ranges:
+            raise RangeError(f"cannot infer the range of index '{index}'", stmt.span, source,
+                             hint=f"add a where clause such as 'where {index} in 0:N'")
+    return ranges, constraints
+
+
+def _in_bounds_set(index: str, others: list[str], ranges: dict, text: str, extent: int) -> isl.Set:
+    """``{ [index] : for all others in their ranges, 0 <= text < extent }``."""
+    dims = ", ".join(isl_name(n) for n in [index] + others)
+    bounds = " and ".join(f"{ranges[n][0]} <= {isl_name(n)} < {ranges[n][1]}" for n in others) or "true"
+    bad = isl.Set(f"{{ [{dims}] : {bounds} and ({text} < 0 or {text} >= {extent}) }}")
+    bad = bad.project_out(isl.dim_type.set, 1, len(others))
+    return isl.Set(f"{{ [{isl_name(index)}] }}").subtract(bad)
+
+
+def _bound(s: isl.Set, which) -> int:
+    """The smallest (``which=min``) or largest value of the single dimension of ``s``."""
+    point = s.lexmin() if which is min else s.lexmax()
+    val = point.sample_point().get_coordinate_val(isl.dim_type.set, 0)
+    return int(val.to_python())
+
+
+# ---- domains and access relations ------------------------------------------------------------------------
+
+def _set_text(name: str, indices, constraints: list[str]) -> str:
+    dims = ", ".join(isl_name(i) for i in indices)
+    return f"{{ {name}[{dims}] : {' and '.join(constraints) or 'true'} }}"
+
+
+def _box(name: str, indices, ranges: dict) -> isl.Set:
+    parts = [f"{ranges[i][0]} <= {isl_name(i)} < {ranges[i][1]}" for i in indices]
+    return isl.Set(_set_text(name, indices, parts))
+
+
+def _statement(name, indices, domain, cs, op, rhs, sizes, shapes) -> PolyStatement:
+    stmt = cs.stmt
+    dims = ", ".join(isl_name(i) for i in indices)
+    lhs = tuple(i.name for i in stmt.indices)
+    lhs_text = ", ".join(isl_name(i) for i in lhs)
+    write = isl.Map(f"{{ {name}[{dims}] -> {isl_name(stmt.tensor)}[{lhs_text}] }}").intersect_domain(domain)
+    reads = isl.UnionMap.empty(isl.Space.params_alloc(isl.DEFAULT_CONTEXT, 0))
+    if op not in ("init", "="):
+        reads = reads.union(isl.UnionMap.from_map(write))
+    if op != "init":
+        for text in _read_texts(rhs, name, indices, sizes, shapes, guard=None):
+            reads = reads.union(isl.UnionMap(text).intersect_domain(isl.UnionSet.from_set(domain)))
+    return PolyStatement(name, tuple(indices), domain, stmt.tensor, lhs, op, rhs, write, reads, stmt.span)
+
+
+def _read_texts(expr, name, indices, sizes, shapes, guard):
+    """isl text of every read in ``expr``: ``{ S[i..] -> A[f(i..)] : guard }``; a non-affine argument covers
+    the whole dimension; reads under ``?:`` carry the affine part of the condition."""
+    out = []
+    index_set = set(indices)
+    dims = ", ".join(isl_name(i) for i in indices)
+
+    def visit(e, guard):
+        if isinstance(e, L.Select):
+            visit(e.cond, guard)
+            then_g = guard_text(e.cond, index_set, sizes)
+            else_g = guard_text(e.cond, index_set, sizes, negate=True)
+            visit(e.then, _and(guard, then_g))
+            visit(e.other, _and(guard, else_g))
+            return
+        if isinstance(e, L.Access):
+            shape = shapes[e.tensor]
+            outs, conds = [], [guard] if guard else []
+            for k, (arg, extent) in enumerate(zip(e.args, shape)):
+                text = affine_text(arg, index_set, sizes)
+                if text is None:
+                    outs.append(f"o{k}")
+                    conds.append(f"0 <= o{k} < {extent}")
+                else:
+                    outs.append(text)
+            out.append(f"{{ {name}[{dims}] -> {isl_name(e.tensor)}[{', '.join(outs)}] : "
+                       f"{' and '.join(conds) or 'true'} }}")
+        elif isinstance(e, L.Ident) and e.kind == "scalar":
+            out.append(f"{{ {name}[{dims}] -> {isl_name(e.name)}[] }}")
+        for c in children(e):
+            visit(c, guard)
+
+    visit(expr, guard)
+    return out
+
+
+def _and(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return f"({a}) and ({b})"
+
+
+def check_bounds(stmt: PolyStatement, scop: Scop, source: str) -> None:
+    """Raise RangeError if an access of ``stmt`` can leave its tensor for some point of its domain."""
+    accesses = isl.UnionMap.from_map(stmt.write).union(stmt.reads)
+    maps = []
+    accesses.foreach_map(maps.append)
+    for m in maps:
+        tensor = scop.tensor(_tensor_of(m, scop))
+        if not tensor.shape:
+            continue
+        names = ", ".join(f"a{k}" for k in range(len(tensor.shape)))
+        inside = " and ".join(f"0 <= a{k} < {n}" for k, n in enumerate(tensor.shape))
+        box = isl.Set(f"{{ {isl_name(tensor.name)}[{names}] : {inside} }}")
+        outside = m.intersect_range(isl.Set.universe(box.get_space()).subtract(box))
+        if not outside.is_empty():
+            point = outside.domain().sample_point()
+            coords = [int(point.get_coordinate_val(isl.dim_type.set, k).to_python())
+                      for k in range(len(stmt.indices))]
+            at = ", ".join(f"{i}={v}" for i, v in zip(stmt.indices, coords))
+            raise RangeError(f"access to '{tensor.name}' leaves its shape {list(tensor.shape)} at {at}",
+                             stmt.span, source,
+                             hint="restrict the indices with a where clause or guard the read with ?:")
+
+
+def _tensor_of(m: isl.Map, scop: Scop) -> str:
+    out_name = m.get_tuple_name(isl.dim_type.out)
+    for t in scop.tensors:
+        if isl_name(t.name) == out_name:
+            return t.name
+    raise KeyError(out_name)

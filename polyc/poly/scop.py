@@ -1,0 +1,125 @@
+"""The Scop: a checked def specialised on sizes, as iteration domains and access relations (isl).
+
+Built by :func:`build_scop` from a :class:`~polyc.lang.ast.CheckedDef` and concrete sizes. Sizes are
+specialised: every set and map below is parameter-free (``{ S1[m, n, k] : 0 <= m < 64 and ... }``).
+
+A statement ``C(m,n) +=! A(m,k) * B(k,n)`` becomes two statements:
+
+- ``S0`` (op ``"init"``): ``{ S0[m, n] : 0 <= m < M and 0 <= n < N }`` writes ``{ S0[m, n] -> C[m, n] }`` with
+  the reduction's identity (``rhs`` is a typed :class:`~polyc.lang.ast.Const`);
+- ``S1`` (op ``"+="``): ``{ S1[m, n, k] : ... }`` writes ``{ S1[m, n, k] -> C[m, n] }`` and reads
+  ``{ S1[m, n, k] -> C[m, n]; S1[m, n, k] -> A[m, k]; S1[m, n, k] -> B[k, n] }``.
+
+Codegen contract: ``Scop.tensors`` is the order of the kernel's pointer arguments; a statement's domain
+dimensions are ``PolyStatement.indices`` (the lhs indices then the reduction indices) and the isl AST calls
+``S1(e_m, e_n, e_k)`` with one expression per index in that order; ``PolyStatement.rhs`` is the typed lang
+expression to evaluate with those index values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from ..lang import ast as L
+
+
+@dataclass(frozen=True, eq=False)
+class Tensor:
+    """A tensor of the kernel: ``shape`` in elements (C-contiguous), ``role`` input/output/temp."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    role: str
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True, eq=False)
+class PolyStatement:
+    """One statement instance set with its accesses.
+
+    ``op`` is ``"init"`` (store ``rhs``, the identity), ``"="``, ``"+="``, ``"*="``, ``"max="`` or ``"min="``
+    (combine the current value of ``tensor[lhs]`` with ``rhs``).
+    """
+
+    name: str
+    indices: tuple[str, ...]
+    domain: isl.Set
+    tensor: str
+    lhs: tuple[str, ...]
+    op: str
+    rhs: L.Expr
+    write: isl.Map
+    reads: isl.UnionMap
+    span: object = None
+
+
+@dataclass(frozen=True, eq=False)
+class Scop:
+    """The polyhedral model of one specialised def.
+
+    - ``tensors``: inputs, outputs, temporaries — the kernel's argument order;
+    - ``statements``: in source order (the identity schedule is this order);
+    - ``sizes``: size name → extent;
+    - ``ranges``: ``(statement name, index) → (lo, hi)`` as inferred (hi exclusive);
+    - ``preconditions``: constraints range inference could not prove and did not check, as text.
+    """
+
+    name: str
+    tensors: tuple[Tensor, ...]
+    statements: tuple[PolyStatement, ...]
+    sizes: dict
+    ranges: dict = field(default_factory=dict)
+    preconditions: tuple[str, ...] = ()
+    source: str = ""
+
+    def tensor(self, name: str) -> Tensor:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    @property
+    def domain(self) -> isl.UnionSet:
+        result = isl.UnionSet.empty(isl.Space.params_alloc(isl.DEFAULT_CONTEXT, 0))
+        for s in self.statements:
+            result = result.union(isl.UnionSet.from_set(s.domain))
+        return result
+
+    @property
+    def writes(self) -> isl.UnionMap:
+        result = isl.UnionMap.empty(isl.Space.params_alloc(isl.DEFAULT_CONTEXT, 0))
+        for s in self.statements:
+            result = result.union(isl.UnionMap.from_map(s.write))
+        return result
+
+    @property
+    def reads(self) -> isl.UnionMap:
+        result = isl.UnionMap.empty(isl.Space.params_alloc(isl.DEFAULT_CONTEXT, 0))
+        for s in self.statements:
+            result = result.union(s.reads)
+        return result
+
+    def __str__(self) -> str:
+        lines = [f"scop {self.name}  sizes: " + ", ".join(f"{k}={v}" for k, v in self.sizes.items())]
+        for t in self.tensors:
+            lines.append(f"  {t.role:6} {t.dtype}{list(t.shape)} {t.name}")
+        for s in self.statements:
+            lines.append(f"  {s.name}: {s.tensor}({','.join(s.lhs)}) {s.op} ...")
+            lines.append(f"    domain: {s.domain}")
+            lines.append(f"    write:  {s.write}")
+            lines.append(f"    reads:  {s.reads}")
+        if self.ranges:
+            lines.append("  inferred ranges:")
+            for (stmt, index), (lo, hi) in self.ranges.items():
+                lines.append(f"    {stmt}: {index} in {lo}:{hi}")
+        for p in self.preconditions:
+            lines.append(f"  unchecked precondition: {p}")
+        return "\n".join(lines)

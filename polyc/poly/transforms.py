@@ -1,0 +1,75 @@
+"""Schedule-tree transforms, each a pure function on isl schedule nodes, named as in the field.
+
+Every transform takes a node and returns the node at the same position of the new (immutable) tree.
+"""
+from __future__ import annotations
+
+import islpy as isl
+
+#: Mark names understood by codegen: the ``for`` right below the mark is run in parallel / vectorised /
+#: unrolled.
+MARKS = ("parallel", "vector", "unroll")
+
+
+def band_tile(node: isl.ScheduleNode, sizes: list[int]) -> isl.ScheduleNode:
+    """Tile a permutable band: ``[{ S[i, j] -> [(i)] }, { S[i, j] -> [(j)] }]`` with sizes ``(32, 32)``
+    becomes a tile band ``[{ S[i, j] -> [(32*floor(i/32))] }, ...]`` over a point band
+    ``[{ S[i, j] -> [(i)] }, ...]`` (``isl_schedule_node_band_tile``; isl's default ``tile_shift_point_loops``
+    keeps point loops starting at the tile origin). Returns the tile band node."""
+    space = node.band_get_space()
+    mv = isl.MultiVal.zero(space)
+    for k, size in enumerate(sizes):
+        mv = mv.set_val(k, isl.Val.int_from_si(isl.DEFAULT_CONTEXT, int(size)))
+    return node.band_tile(mv)
+
+
+def band_split(node: isl.ScheduleNode, pos: int) -> isl.ScheduleNode:
+    """Split a band after its first ``pos`` members (``isl_schedule_node_band_split``): the outer band keeps
+    members ``[0, pos)``, its child band the rest. Returns the outer band."""
+    return node.band_split(pos)
+
+
+def insert_mark(node: isl.ScheduleNode, name: str) -> isl.ScheduleNode:
+    """Insert a mark named ``name`` (one of :data:`MARKS`) above ``node`` (``isl_schedule_node_insert_mark``);
+    returns the node below the mark (the marked node)."""
+    marked = node.insert_mark(isl.Id.read_from_str(isl.DEFAULT_CONTEXT, name))
+    return marked.child(0)
+
+
+def band_coincident(node: isl.ScheduleNode) -> list[bool]:
+    """Coincidence of each member of a band (a coincident member carries no dependence)."""
+    return [bool(node.band_member_get_coincident(k)) for k in range(node.band_n_member())]
+
+
+def band_extents(node: isl.ScheduleNode) -> list[int]:
+    """The number of distinct values of each band member over the band's domain (an upper bound)."""
+    extents = []
+    partial = node.band_get_partial_schedule_union_map()
+    domain = node.get_domain()
+    image = partial.intersect_domain(domain).range()
+    as_set = isl.Set.from_union_set(image) if not image.is_empty() else None
+    for k in range(node.band_n_member()):
+        if as_set is None:
+            extents.append(0)
+            continue
+        projected = as_set.project_out(isl.dim_type.set, k + 1, as_set.dim(isl.dim_type.set) - k - 1)
+        projected = projected.project_out(isl.dim_type.set, 0, k)
+        lo = projected.lexmin().sample_point().get_coordinate_val(isl.dim_type.set, 0).to_python()
+        hi = projected.lexmax().sample_point().get_coordinate_val(isl.dim_type.set, 0).to_python()
+        extents.append(int(hi) - int(lo) + 1)
+    return extents
+
+
+def bands(schedule: isl.Schedule) -> list[isl.ScheduleNode]:
+    """The outermost band nodes of the tree (bands with no band above them), in tree order."""
+    found: list[isl.ScheduleNode] = []
+
+    def visit(node: isl.ScheduleNode):
+        if node.get_type() == isl.schedule_node_type.band:
+            found.append(node)
+            return
+        for k in range(node.n_children()):
+            visit(node.child(k))
+
+    visit(schedule.get_root())
+    return found
