@@ -248,7 +248,7 @@ class Kernel:
             if value.ndim != len(t.dims or ()):
                 raise ShapeError(f"argument '{t.name}': expected {len(t.dims or ())} dimensions, "
                                  f"got shape {list(value.shape)}")
-            arrays.append(np.ascontiguousarray(value))
+            arrays.append(value if value.flags.c_contiguous else np.ascontiguousarray(value))
         return arrays
 
     def bind_sizes(self, shapes) -> dict:

@@ -56,9 +56,12 @@ def affine_text(expr: L.Expr, indices: set[str] | frozenset[str], sizes: dict) -
         if expr.op in ("+", "-"):
             return f"({lhs}) {expr.op} ({rhs})"
         if expr.op == "*":
-            if constant_value(expr.lhs, sizes) is None and constant_value(expr.rhs, sizes) is None:
-                return None
-            return f"({lhs}) * ({rhs})"
+            left, right = constant_value(expr.lhs, sizes), constant_value(expr.rhs, sizes)
+            if left is not None:  # isl reads a product only with a bare integer factor
+                return f"{left} * ({rhs})"
+            if right is not None:
+                return f"{right} * ({lhs})"
+            return None
         divisor = constant_value(expr.rhs, sizes)
         if divisor is None or divisor <= 0:
             return None

@@ -1,0 +1,600 @@
+"""Typed lang expressions (:mod:`polyc.lang.ast`) → llvmlite values, scalar or vector.
+
+:func:`emit_expr` evaluates a typed expression at the point of an ``ir.IRBuilder``. Every helper works on
+scalars and on ``<lanes x T>`` vectors alike, so the vector emitter reuses this file: in vector mode an index
+variable ``i`` with stride ``s`` in the vectorized loop is ``<i, i+s, ..., i+(lanes-1)*s>``, a stride-1 access
+is one vector load and a loop-invariant one a broadcast.
+
+Semantics (numpy's where the language says so):
+
+- integer ``/`` and ``%`` round toward minus infinity (Halide); ``x/0 == 0`` and ``x%0 == 0``; unsigned
+  operands use ``udiv``/``urem``; nothing is undefined behaviour (``INT_MIN / -1`` wraps);
+- float ``%`` is ``np.mod``: ``frem`` then the sign of the divisor;
+- float → int truncates toward zero as ``ndarray.astype`` does on x86 (``fptosi`` to 32 or 64 bits, then
+  ``trunc``; the result is ``freeze``-d so an out-of-range value is some integer, never poison);
+  int/float → bool is ``!= 0``;
+- ``exp log sqrt fabs floor ceil sin cos pow fma`` are LLVM intrinsics; ``tanh`` and ``erf`` call libm
+  (``tanhf``/``tanh``, ``erff``/``erf``); ``sigmoid(x) = 1/(1+exp(-x))``, ``rsqrt(x) = 1/sqrt(x)``;
+  ``min``/``max`` are compare+select and propagate NaN (``np.minimum``); ``fmin``/``fmax`` ignore it.
+- A read whose index depends on data (``A(B(i))``, or an index using a 0-d parameter) is checked against
+  the dimension's extent; out of range branches to ``env.fail()`` (the kernel returns 1) before any load.
+  ``?:``, ``&&`` and ``||`` evaluate such reads only when taken.
+
+Float ``+ - *`` carry the ``contract`` fast-math flag so the backend may fuse them into FMA.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+from llvmlite import ir
+
+from ..errors import CompileError
+from ..lang import ast as L
+from ..poly.scop import Scop
+
+I1 = ir.IntType(1)
+I8 = ir.IntType(8)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+PTR = ir.PointerType()
+FLOAT = ("float32", "float64")
+UNSIGNED = ("bool", "uint8", "uint16", "uint32", "uint64")
+_BITS = {"bool": 1, "int8": 8, "int16": 16, "int32": 32, "int64": 64,
+         "uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}
+_CONTRACT = ("contract",)
+_INTRINSICS = {"exp": 1, "log": 1, "sqrt": 1, "fabs": 1, "floor": 1, "ceil": 1, "sin": 1, "cos": 1,
+               "pow": 2, "fma": 3}
+_LIBM = {"tanh": ("tanhf", "tanh"), "erf": ("erff", "erf")}
+
+
+def scalar_type(dtype: str) -> ir.Type:
+    """The register type of one element: bool → i1, intN/uintN → iN, float32 → float, float64 → double."""
+    if dtype == "float32":
+        return ir.FloatType()
+    if dtype == "float64":
+        return ir.DoubleType()
+    return ir.IntType(_BITS[dtype])
+
+
+def llvm_type(dtype: str, lanes: int = 1) -> ir.Type:
+    """The register type of ``dtype``, a ``<lanes x T>`` vector when ``lanes > 1``."""
+    t = scalar_type(dtype)
+    return t if lanes == 1 else ir.VectorType(t, lanes)
+
+
+def memory_type(dtype: str) -> ir.Type:
+    """The in-memory element type (numpy layout): as :func:`scalar_type` but bool is one byte (i8)."""
+    return I8 if dtype == "bool" else scalar_type(dtype)
+
+
+def element_bytes(dtype: str) -> int:
+    """Bytes of one element in memory (numpy's itemsize; bool is 1)."""
+    return {"bool": 1, "float32": 4, "float64": 8}.get(dtype) or _BITS[dtype] // 8
+
+
+@dataclass
+class Env:
+    """What an expression sees while it is emitted.
+
+    - ``module``: for declarations of intrinsics and libm functions;
+    - ``scop``: tensors' shapes and dtypes, and size values;
+    - ``tensors``: tensor name → data pointer (``ptr``);
+    - ``indices``: lang index name → its value (i64); in vector mode the value of lane 0;
+    - ``fail``: returns the block that makes the kernel return 1 (made on first use);
+    - ``lanes`` and ``strides`` (vector mode): the vector length and, per lang index, its step from one
+      lane to the next (0 for indices invariant in the vectorized loop).
+    """
+
+    module: ir.Module
+    scop: Scop
+    tensors: dict[str, ir.Value]
+    indices: dict[str, ir.Value]
+    fail: Callable[[], ir.Block]
+    lanes: int = 1
+    strides: dict[str, int] = field(default_factory=dict)
+
+
+# ---- small helpers on scalar-or-vector values ----
+
+def const(ty: ir.Type, value) -> ir.Constant:
+    """A constant of ``ty``, splatted when ``ty`` is a vector; ints are wrapped to the type's width."""
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [const(ty.element, value)] * ty.count)
+    if isinstance(ty, ir.IntType):
+        value = int(value) & ((1 << ty.width) - 1)
+        if ty.width > 1 and value >= 1 << (ty.width - 1):
+            value -= 1 << ty.width
+        return ir.Constant(ty, value)
+    return ir.Constant(ty, float(value))
+
+
+def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
+    """``<lanes x T>`` with every lane ``value`` (``insertelement`` + ``shufflevector``)."""
+    if lanes == 1:
+        return value
+    vty = ir.VectorType(value.type, lanes)
+    one = b.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
+def _with_elem(ty: ir.Type, elem: ir.Type) -> ir.Type:
+    return ir.VectorType(elem, ty.count) if isinstance(ty, ir.VectorType) else elem
+
+
+def _elem(ty: ir.Type) -> ir.Type:
+    return ty.element if isinstance(ty, ir.VectorType) else ty
+
+
+def declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
+    """The function ``name`` of ``module``, declared with ``fnty`` if not yet there."""
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    return ir.Function(module, fnty, name)
+
+
+def intrinsic(module: ir.Module, base: str, ty: ir.Type, nargs: int) -> ir.Function:
+    """``llvm.<base>.<f32|f64|vNf32|vNf64>`` taking ``nargs`` values of ``ty`` and returning ``ty``."""
+    elem = "f32" if isinstance(_elem(ty), ir.FloatType) else "f64"
+    suffix = f"v{ty.count}{elem}" if isinstance(ty, ir.VectorType) else elem
+    return declare(module, f"llvm.{base}.{suffix}", ir.FunctionType(ty, [ty] * nargs))
+
+
+def freeze(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """LLVM's ``freeze``: poison (e.g. from an out-of-range ``fptosi``) becomes some fixed value."""
+    instr = ir.instructions.Instruction(b.block, value.type, "freeze", [value])
+    b._insert(instr)  # llvmlite has no builder method for freeze
+    return instr
+
+
+# ---- integer division with floor semantics and no undefined behaviour ----
+
+def int_div_mod(b: ir.IRBuilder, x: ir.Value, y: ir.Value, unsigned: bool, want: str) -> ir.Value:
+    """``x / y`` (``want="div"``) or ``x % y`` (``"mod"``) rounding toward minus infinity, ``x/0 = x%0 = 0``.
+
+    Signed: ``sdiv``/``srem`` on a safe divisor (1 when ``y`` is 0 or -1), then the floor adjustment.
+    Unsigned: ``udiv``/``urem``.
+    """
+    ty = x.type
+    zero, one = const(ty, 0), const(ty, 1)
+    if not unsigned and isinstance(y, ir.Constant) and isinstance(y.constant, int) and y.constant > 0:
+        r = b.srem(x, y)  # a positive constant divisor (isl's floord): only the floor adjustment
+        negative = b.icmp_signed("<", r, zero)
+        if want == "div":
+            return b.sub(b.sdiv(x, y), b.zext(negative, ty))
+        return b.add(r, b.select(negative, y, zero))
+    by_zero = b.icmp_unsigned("==", y, zero)
+    if unsigned:
+        safe = b.select(by_zero, one, y)
+        result = b.udiv(x, safe) if want == "div" else b.urem(x, safe)
+        return b.select(by_zero, zero, result)
+    by_minus_one = b.icmp_signed("==", y, const(ty, -1))
+    special = b.or_(by_zero, by_minus_one)
+    safe = b.select(special, one, y)
+    q = b.sdiv(x, safe)
+    r = b.srem(x, safe)
+    adjust = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("<", b.xor(r, safe), zero))
+    if want == "div":
+        q = b.select(adjust, b.sub(q, one), q)
+        return b.select(by_zero, zero, b.select(by_minus_one, b.sub(zero, x), q))
+    r = b.select(adjust, b.add(r, safe), r)
+    return b.select(special, zero, r)
+
+
+def float_mod(b: ir.IRBuilder, module: ir.Module, x: ir.Value, y: ir.Value) -> ir.Value:
+    """``np.mod(x, y)``: ``frem``, plus ``y`` when the signs differ, and a zero with the sign of ``y``."""
+    ty = x.type
+    zero = const(ty, 0.0)
+    r = b.frem(x, y)
+    differ = b.xor(b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", y, zero))
+    fix = b.and_(b.fcmp_ordered("!=", r, zero), differ)
+    r = b.select(fix, b.fadd(r, y), r)
+    signed_zero = b.call(intrinsic(module, "copysign", ty, 2), [zero, y])
+    return b.select(b.fcmp_ordered("==", r, zero), signed_zero, r)
+
+
+# ---- conversions ----
+
+def convert(b: ir.IRBuilder, value: ir.Value, src: str, dst: str) -> ir.Value:
+    """Convert ``value`` from dtype ``src`` to ``dst`` (numpy ``astype`` semantics, see the module doc)."""
+    if src == dst:
+        return value
+    lanes = value.type.count if isinstance(value.type, ir.VectorType) else 1
+    to = llvm_type(dst, lanes)
+    if dst == "bool":
+        if src in FLOAT:
+            return b.fcmp_unordered("!=", value, const(value.type, 0.0))
+        return b.icmp_unsigned("!=", value, const(value.type, 0))
+    if src in FLOAT and dst in FLOAT:
+        return b.fpext(value, to) if dst == "float64" else b.fptrunc(value, to)
+    if src in FLOAT:
+        if dst == "uint64":
+            return freeze(b, b.fptoui(value, to))
+        wide = 64 if dst in ("int64", "uint32") else 32
+        result = freeze(b, b.fptosi(value, _with_elem(value.type, ir.IntType(wide))))
+        return result if wide == _BITS[dst] else b.trunc(result, to)
+    if dst in FLOAT:
+        return b.uitofp(value, to) if src in UNSIGNED else b.sitofp(value, to)
+    if _BITS[dst] < _BITS[src]:
+        return b.trunc(value, to)
+    if _BITS[dst] > _BITS[src]:
+        return b.zext(value, to) if src in UNSIGNED else b.sext(value, to)
+    return value
+
+
+def to_i64(b: ir.IRBuilder, value: ir.Value, dtype: str) -> ir.Value:
+    """An integer (or bool) value widened to i64 for address arithmetic."""
+    if dtype in FLOAT:
+        raise CompileError(f"codegen: a {dtype} value used as an index")
+    return convert(b, value, dtype, "int64") if dtype != "int64" else value
+
+
+# ---- expressions ----
+
+def emit_expr(env: Env, e: L.Expr, b: ir.IRBuilder) -> ir.Value:
+    """The value of typed expression ``e`` at ``b`` (a ``<env.lanes x T>`` vector in vector mode).
+
+    May add blocks (checked gathers, lazy ``?:``/``&&``/``||``): ``b`` is left at the end of the code.
+    Raises CompileError on an untyped or unknown node (a polyc bug upstream).
+    """
+    if e.dtype is None:
+        raise CompileError(f"codegen: untyped expression {e!r}")
+    if isinstance(e, L.Const):
+        return const(llvm_type(e.dtype, env.lanes), e.value)
+    if isinstance(e, L.Ident):
+        return _emit_ident(env, e, b)
+    if isinstance(e, L.Access):
+        return load_access(env, e, b)
+    if isinstance(e, L.Cast):
+        return convert(b, emit_expr(env, e.operand, b), e.operand.dtype, e.to)
+    if isinstance(e, L.Unary):
+        x = emit_expr(env, e.operand, b)
+        if e.op == "!":
+            return b.xor(x, const(x.type, 1))
+        if e.op == "-":
+            return b.fneg(x) if e.dtype in FLOAT else b.sub(const(x.type, 0), x)
+        raise CompileError(f"codegen: unknown unary operator {e.op!r}")
+    if isinstance(e, L.Binary):
+        return _emit_binary(env, e, b)
+    if isinstance(e, L.Select):
+        return _emit_select(env, e, b)
+    if isinstance(e, L.Call):
+        return _emit_call(env, e, b)
+    raise CompileError(f"codegen: unknown expression node {type(e).__name__}")
+
+
+def _emit_ident(env: Env, e: L.Ident, b: ir.IRBuilder) -> ir.Value:
+    if e.kind == "size":
+        return const(llvm_type(e.dtype, env.lanes), env.scop.sizes[e.name])
+    if e.kind == "scalar":
+        value = load_scalar(env, e.name, b)
+        return splat(b, convert(b, value, env.scop.tensor(e.name).dtype, e.dtype), env.lanes)
+    if e.kind == "index":
+        value = env.indices[e.name]
+        stride = env.strides.get(e.name, 0)
+        if env.lanes > 1:
+            value = splat(b, value, env.lanes)
+            if stride:
+                value = b.add(value, ir.Constant(value.type, [stride * k for k in range(env.lanes)]))
+        return convert(b, value, "int64", e.dtype)
+    raise CompileError(f"codegen: identifier {e.name!r} of kind {e.kind!r} cannot be evaluated")
+
+
+def _emit_binary(env: Env, e: L.Binary, b: ir.IRBuilder) -> ir.Value:
+    op = e.op
+    if op in ("&&", "||") and may_fail(e.rhs):
+        return _emit_lazy(env, e.lhs, e.rhs if op == "&&" else None, e.rhs if op == "||" else None, b)
+    x = emit_expr(env, e.lhs, b)
+    y = emit_expr(env, e.rhs, b)
+    dtype = e.lhs.dtype
+    if op == "&&":
+        return b.and_(x, y)
+    if op == "||":
+        return b.or_(x, y)
+    if op in ("<", "<=", ">", ">=", "==", "!="):
+        if dtype in FLOAT:
+            return b.fcmp_unordered(op, x, y) if op == "!=" else b.fcmp_ordered(op, x, y)
+        return b.icmp_unsigned(op, x, y) if dtype in UNSIGNED else b.icmp_signed(op, x, y)
+    if dtype in FLOAT:
+        if op == "+":
+            return b.fadd(x, y, flags=_CONTRACT)
+        if op == "-":
+            return b.fsub(x, y, flags=_CONTRACT)
+        if op == "*":
+            return b.fmul(x, y, flags=_CONTRACT)
+        if op == "/":
+            return b.fdiv(x, y)
+        if op == "%":
+            return float_mod(b, env.module, x, y)
+    elif dtype == "bool" and op in ("+", "*"):
+        return b.or_(x, y) if op == "+" else b.and_(x, y)
+    else:
+        if op == "+":
+            return b.add(x, y)
+        if op == "-":
+            return b.sub(x, y)
+        if op == "*":
+            return b.mul(x, y)
+        if op in ("/", "%"):
+            return int_div_mod(b, x, y, dtype in UNSIGNED, "div" if op == "/" else "mod")
+    raise CompileError(f"codegen: operator {op!r} on {dtype}")
+
+
+def _emit_select(env: Env, e: L.Select, b: ir.IRBuilder) -> ir.Value:
+    if may_fail(e.then) or may_fail(e.other):
+        return _emit_lazy(env, e.cond, e.then, e.other, b)
+    c = emit_expr(env, e.cond, b)
+    return b.select(c, emit_expr(env, e.then, b), emit_expr(env, e.other, b))
+
+
+def _emit_lazy(env: Env, cond: L.Expr, then: L.Expr | None, other: L.Expr | None,
+               b: ir.IRBuilder) -> ir.Value:
+    """``cond ? then : other`` with branches (scalar only); ``None`` stands for ``cond`` itself."""
+    c = emit_expr(env, cond, b)
+    then_block = b.append_basic_block("sel.then")
+    else_block = b.append_basic_block("sel.else")
+    join = b.append_basic_block("sel.join")
+    b.cbranch(c, then_block, else_block)
+    values = []
+    for block, part in ((then_block, then), (else_block, other)):
+        b.position_at_end(block)
+        values.append((c if part is None else emit_expr(env, part, b), b.block))
+        b.branch(join)
+    b.position_at_end(join)
+    phi = b.phi(values[0][0].type)
+    for value, block in values:
+        phi.add_incoming(value, block)
+    return phi
+
+
+def _emit_call(env: Env, e: L.Call, b: ir.IRBuilder) -> ir.Value:
+    f = e.func
+    args = [emit_expr(env, a, b) for a in e.args]
+    dtype = e.args[0].dtype if e.args else e.dtype
+    ty = args[0].type
+    if f == "abs" and dtype not in FLOAT:
+        if dtype in UNSIGNED:
+            return args[0]
+        x = args[0]
+        return b.select(b.icmp_signed("<", x, const(ty, 0)), b.sub(const(ty, 0), x), x)
+    if f == "abs":
+        f = "fabs"
+    if f in ("min", "max", "fmin", "fmax"):
+        return min_max(b, f, args[0], args[1], dtype)
+    if f in _INTRINSICS:
+        return b.call(intrinsic(env.module, f, ty, _INTRINSICS[f]), args)
+    if f in _LIBM:
+        return _call_libm(env, _LIBM[f][0 if dtype == "float32" else 1], args[0], b)
+    if f == "sigmoid":
+        neg = b.fneg(args[0])
+        exp = b.call(intrinsic(env.module, "exp", ty, 1), [neg])
+        return b.fdiv(const(ty, 1.0), b.fadd(const(ty, 1.0), exp))
+    if f == "rsqrt":
+        return b.fdiv(const(ty, 1.0), b.call(intrinsic(env.module, "sqrt", ty, 1), args))
+    raise CompileError(f"codegen: unknown builtin {e.func!r}")
+
+
+def min_max(b: ir.IRBuilder, f: str, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
+    """``min``/``max`` (NaN-propagating) or ``fmin``/``fmax`` (NaN-ignoring) as compare+select."""
+    want_max = f in ("max", "fmax")
+    if dtype not in FLOAT:
+        cmp = b.icmp_unsigned if dtype in UNSIGNED else b.icmp_signed
+        return b.select(cmp(">" if want_max else "<", x, y), x, y)
+    pick_x = b.fcmp_ordered(">" if want_max else "<", x, y)
+    if f in ("max", "min"):
+        pick_x = b.or_(pick_x, b.fcmp_unordered("uno", x, x))  # x is NaN: keep it
+    else:
+        pick_x = b.or_(pick_x, b.fcmp_unordered("uno", y, y))  # y is NaN: ignore it
+    return b.select(pick_x, x, y)
+
+
+def _call_libm(env: Env, name: str, x: ir.Value, b: ir.IRBuilder) -> ir.Value:
+    """Call libm's ``name`` (one float argument), lane by lane for a vector."""
+    elem = _elem(x.type)
+    fn = declare(env.module, name, ir.FunctionType(elem, [elem]))
+    if not isinstance(x.type, ir.VectorType):
+        return b.call(fn, [x])
+    result = ir.Constant(x.type, ir.Undefined)
+    for k in range(x.type.count):
+        lane = b.call(fn, [b.extract_element(x, ir.Constant(I32, k))])
+        result = b.insert_element(result, lane, ir.Constant(I32, k))
+    return result
+
+
+def combine(b: ir.IRBuilder, op: str, dtype: str, old: ir.Value, new: ir.Value) -> ir.Value:
+    """The value a statement with operator ``op`` stores: ``new`` for init/``=``, else ``old op new``."""
+    if op in ("init", "="):
+        return new
+    if op in ("max=", "min="):
+        return min_max(b, op[:3], old, new, dtype)
+    if dtype == "bool":
+        return b.or_(old, new) if op == "+=" else b.and_(old, new)
+    if op == "+=":
+        return b.fadd(old, new, flags=_CONTRACT) if dtype in FLOAT else b.add(old, new)
+    if op == "*=":
+        return b.fmul(old, new, flags=_CONTRACT) if dtype in FLOAT else b.mul(old, new)
+    raise CompileError(f"codegen: unknown statement operator {op!r}")
+
+
+# ---- tensor accesses ----
+
+def is_data_dependent(e: L.Expr) -> bool:
+    """Whether ``e``'s value depends on tensor data (an access or a 0-d parameter inside)."""
+    if isinstance(e, L.Access) or (isinstance(e, L.Ident) and e.kind == "scalar"):
+        return True
+    return any(is_data_dependent(c) for c in children(e))
+
+
+def may_fail(e: L.Expr) -> bool:
+    """Whether evaluating ``e`` checks a data-dependent index (and so may make the kernel return 1)."""
+    if isinstance(e, L.Access) and any(is_data_dependent(a) for a in e.args):
+        return True
+    return any(may_fail(c) for c in children(e))
+
+
+def children(e: L.Expr) -> tuple:
+    """The direct subexpressions of ``e``."""
+    if isinstance(e, L.Access):
+        return e.args
+    if isinstance(e, L.Unary):
+        return (e.operand,)
+    if isinstance(e, L.Cast):
+        return (e.operand,)
+    if isinstance(e, L.Binary):
+        return (e.lhs, e.rhs)
+    if isinstance(e, L.Select):
+        return (e.cond, e.then, e.other)
+    if isinstance(e, L.Call):
+        return e.args
+    return ()
+
+
+def index_value(env: Env, e: L.Expr, b: ir.IRBuilder) -> ir.Value | None:
+    """An index expression built from indices, sizes, constants and ``+ - * / %`` evaluated in i64.
+
+    Computing in i64 avoids sign extensions in address arithmetic. Returns None for anything else (the
+    caller evaluates it with :func:`emit_expr`). In vector mode this is the value of lane 0.
+    """
+    if isinstance(e, L.Const) and isinstance(e.value, (int, bool)) and e.dtype not in FLOAT:
+        return const(I64, int(e.value))
+    if isinstance(e, L.Ident) and e.kind == "index":
+        return env.indices[e.name]
+    if isinstance(e, L.Ident) and e.kind == "size":
+        return const(I64, env.scop.sizes[e.name])
+    if isinstance(e, L.Cast) and e.to in ("int32", "int64") and e.operand.dtype in ("int32", "int64"):
+        return index_value(env, e.operand, b)
+    if isinstance(e, L.Unary) and e.op == "-" and e.dtype in ("int32", "int64"):
+        x = index_value(env, e.operand, b)
+        return None if x is None else b.sub(const(I64, 0), x)
+    if isinstance(e, L.Binary) and e.op in ("+", "-", "*", "/", "%") and e.dtype in ("int32", "int64"):
+        x = index_value(env, e.lhs, b)
+        y = index_value(env, e.rhs, b) if x is not None else None
+        if y is None:
+            return None
+        if e.op == "+":
+            return b.add(x, y, flags=("nsw",))
+        if e.op == "-":
+            return b.sub(x, y, flags=("nsw",))
+        if e.op == "*":
+            return b.mul(x, y, flags=("nsw",))
+        return int_div_mod(b, x, y, False, "div" if e.op == "/" else "mod")
+    return None
+
+
+def index_stride(e: L.Expr, strides: dict[str, int]) -> int | None:
+    """How much index expression ``e`` grows per lane of the vectorized loop, or None if not affine.
+
+    ``strides`` gives each lang index's step per lane. Data-dependent expressions give None.
+    """
+    if is_data_dependent(e):
+        return None
+    if isinstance(e, L.Ident):
+        return strides.get(e.name, 0) if e.kind == "index" else 0
+    if isinstance(e, L.Const):
+        return 0
+    if isinstance(e, L.Cast) and e.to in ("int32", "int64") and e.operand.dtype in ("int32", "int64"):
+        return index_stride(e.operand, strides)
+    if isinstance(e, L.Unary) and e.op == "-":
+        s = index_stride(e.operand, strides)
+        return None if s is None else -s
+    parts = [index_stride(c, strides) for c in children(e)]
+    if any(p is None for p in parts):
+        return None
+    if not any(parts):
+        return 0
+    if isinstance(e, L.Binary) and e.op in ("+", "-"):
+        return parts[0] + parts[1] if e.op == "+" else parts[0] - parts[1]
+    if isinstance(e, L.Binary) and e.op == "*":
+        constant = e.lhs if parts[0] == 0 else e.rhs
+        if isinstance(constant, L.Const):
+            return int(constant.value) * (parts[1] if parts[0] == 0 else parts[0])
+    return None
+
+
+def flat_index(env: Env, tensor: str, dims: list[ir.Value], b: ir.IRBuilder) -> ir.Value:
+    """The C-order element offset ``((i0*d1 + i1)*d2 + i2)...`` of i64 indices ``dims`` (0 for a 0-d tensor)."""
+    shape = env.scop.tensor(tensor).shape
+    flat = const(I64, 0)
+    for k, (extent, value) in enumerate(zip(shape, dims)):
+        flat = value if k == 0 else b.add(b.mul(flat, const(I64, extent), flags=("nsw",)), value, flags=("nsw",))
+    return flat
+
+
+def element_pointer(env: Env, tensor: str, flat: ir.Value, b: ir.IRBuilder) -> ir.Value:
+    """``getelementptr inbounds T, ptr %tensor, i64 flat``."""
+    dtype = env.scop.tensor(tensor).dtype
+    return b.gep(env.tensors[tensor], [flat], inbounds=True, source_etype=memory_type(dtype))
+
+
+def access_offset(env: Env, e: L.Access, b: ir.IRBuilder) -> ir.Value:
+    """The element offset of read ``e`` (lane 0 in vector mode), with data-dependent indices checked.
+
+    A data-dependent index outside ``[0, extent)`` branches to ``env.fail()``: no load happens.
+    """
+    t = env.scop.tensor(e.tensor)
+    if len(e.args) != len(t.shape):
+        raise CompileError(f"codegen: {e.tensor} has {len(t.shape)} dimensions but is read with {len(e.args)}")
+    dims = []
+    for extent, arg in zip(t.shape, e.args):
+        value = None if is_data_dependent(arg) else index_value(env, arg, b)
+        if value is None:
+            if env.lanes > 1 and index_stride(arg, env.strides) != 0:
+                raise CompileError(f"codegen: vector read of {e.tensor} with an index that is not affine")
+            scalar = env if env.lanes == 1 else dataclasses.replace(env, lanes=1, strides={})
+            value = to_i64(b, emit_expr(scalar, arg, b), arg.dtype)
+        if is_data_dependent(arg):
+            in_range = b.icmp_unsigned("<", value, const(I64, extent))
+            ok = b.append_basic_block(f"{e.tensor}.index_ok")
+            b.cbranch(in_range, ok, env.fail())
+            b.position_at_end(ok)
+        dims.append(value)
+    return flat_index(env, e.tensor, dims, b)
+
+
+def load_access(env: Env, e: L.Access, b: ir.IRBuilder) -> ir.Value:
+    """Read ``e``: a scalar load; in vector mode a vector load (stride 1) or a broadcast (stride 0)."""
+    flat = access_offset(env, e, b)
+    stride = 0
+    if env.lanes > 1:
+        stride = flat_stride(env.scop, e.tensor, e.args, env.strides)
+        if stride not in (0, 1):
+            raise CompileError(f"codegen: vector read of {e.tensor} with stride {stride}")
+    value = load(env, e.tensor, flat, b, lanes=env.lanes if stride == 1 else 1)
+    return splat(b, value, env.lanes) if env.lanes > 1 and stride == 0 else value
+
+
+def flat_stride(scop: Scop, tensor: str, args, strides: dict[str, int]) -> int | None:
+    """The element stride of access ``tensor(args)`` per vector lane (None if not affine), C order."""
+    shape = scop.tensor(tensor).shape
+    total, step = 0, 1
+    for extent, arg in reversed(list(zip(shape, args))):
+        s = index_stride(arg, strides)
+        if s is None:
+            return None
+        total += s * step
+        step *= extent
+    return total
+
+
+def load(env: Env, tensor: str, flat: ir.Value, b: ir.IRBuilder, lanes: int = 1) -> ir.Value:
+    """Load ``lanes`` consecutive elements of ``tensor`` at ``flat`` as register values (bool: ``!= 0``)."""
+    dtype = env.scop.tensor(tensor).dtype
+    mty = memory_type(dtype)
+    ty = mty if lanes == 1 else ir.VectorType(mty, lanes)
+    value = b.load(element_pointer(env, tensor, flat, b), typ=ty, align=element_bytes(dtype))
+    return b.icmp_unsigned("!=", value, const(ty, 0)) if dtype == "bool" else value
+
+
+def store(env: Env, tensor: str, flat: ir.Value, value: ir.Value, b: ir.IRBuilder) -> None:
+    """Store register value(s) ``value`` at element ``flat`` of ``tensor`` (bool as one byte each)."""
+    dtype = env.scop.tensor(tensor).dtype
+    if dtype == "bool":
+        value = b.zext(value, _with_elem(value.type, I8))
+    b.store(value, element_pointer(env, tensor, flat, b), align=element_bytes(dtype))
+
+
+def load_scalar(env: Env, tensor: str, b: ir.IRBuilder) -> ir.Value:
+    """The value of 0-d tensor ``tensor``."""
+    return load(env, tensor, const(I64, 0), b)

@@ -1,0 +1,180 @@
+"""The "vector" mark: an innermost ``for`` as LLVM vector code of the target's width, plus a scalar remainder.
+
+For a loop ``for (c3 = lo; c3 <= hi; c3 += 1) S1(c0, c3);`` with ``S1: C(m,n) = A(m,n) * B(n) + s``, where
+the statement's index ``n`` is ``c3``::
+
+    for (c3 = lo; c3 < lo + n/W*W; c3 += W)    ; <W x float>: C[m, c3:c3+W] = A[m, c3:c3+W] * B[c3:c3+W] + splat(s)
+    for (; c3 <= hi; c3 += 1)                    ; the scalar loop for the last n%W iterations
+
+``W = target.vector_bits / (widest element bits in the body)`` (16 float32 lanes with AVX-512, 8 with
+AVX2). Each statement index's stride in the loop is read off the isl AST call arguments; a read whose
+element offset grows by 1 per iteration is one vector load, one that does not change is a scalar load and
+a broadcast. Float ``+ - *`` carry ``contract`` so the backend emits FMA.
+
+The loop falls back to :func:`~polyc.codegen.llvm.emit_sequential_for` (LLVM's own vectorizer may still
+act on it) when: the step is not 1 or the bounds are not recognised; the body holds anything but
+statement calls; a statement index is not affine in the iterator; a read or write has a stride other
+than 0 or 1 (or the write is invariant: a reduction along the loop); or a read is data-dependent (a gather).
+The mark promises that the loop carries no dependence, so statements of one iteration may run for W
+iterations at once.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import islpy as isl
+from llvmlite import ir
+
+from ..lang import ast as L
+from . import expr as X
+from .llvm import (Kernel, Region, emit_isl_expr, emit_loop, emit_node, emit_sequential_for, emit_trip_count,
+                   loop_bounds, uses_id)
+
+I64 = X.I64
+_OP = isl.ast_expr_op_type
+_BITS = {"bool": 8, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "int32": 32, "uint32": 32,
+         "int64": 64, "uint64": 64, "float32": 32, "float64": 64}
+
+
+def emit_vector_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
+    """Emit a "vector"-marked ``for`` as a vector main loop and a scalar remainder (see the module doc).
+
+    Returns the block after both loops; falls back to a sequential loop when the body cannot be
+    vectorized.
+    """
+    plan = vector_plan(k, node)
+    if plan is None:
+        return emit_sequential_for(k, r, node, block)
+    lanes, strides = plan
+    bounds = loop_bounds(node)
+    it = node.for_get_iterator().get_id().name
+    body = node.for_get_body()
+    users = _user_nodes(body)
+
+    b = ir.IRBuilder(block)
+    init, last, n = emit_trip_count(r, bounds, b)
+    vector_end = b.add(init, b.mul(b.sdiv(n, ir.Constant(I64, lanes)), ir.Constant(I64, lanes)))
+
+    def vector_body(blk: ir.Block) -> ir.Block:
+        bb = ir.IRBuilder(blk)
+        for user in users:
+            _emit_vector_statement(k, r, user, lanes, strides, bb)
+        return bb.block
+
+    after = emit_loop(r, b.block, it, init, lambda bb, iv: bb.icmp_signed("<", iv, vector_end),
+                      ir.Constant(I64, lanes), vector_body)
+    # the remainder starts where the vector loop stopped
+    return emit_loop(r, after, it, vector_end, lambda bb, iv: bb.icmp_signed("<=", iv, last),
+                     ir.Constant(I64, 1), lambda blk: emit_node(k, r, body, blk))
+
+
+def vector_plan(k: Kernel, node: isl.AstNode) -> tuple[int, dict[str, dict[str, int]]] | None:
+    """``(lanes, {statement: {index: stride}})`` if the marked loop can be vectorized, else None."""
+    bounds = loop_bounds(node)
+    if bounds is None or bounds[2] != 1:
+        return None
+    it = node.for_get_iterator().get_id().name
+    users = _user_nodes(node.for_get_body())
+    if not users:
+        return None
+    strides: dict[str, dict[str, int]] = {}
+    dtypes: set[str] = set()
+    for user in users:
+        call = user.user_get_expr()
+        name = call.get_op_arg(0).get_id().name
+        stmt = k.statements.get(name)
+        if stmt is None or call.get_op_n_arg() - 1 != len(stmt.indices):
+            return None
+        per_index = {}
+        for n, index in enumerate(stmt.indices):
+            c = _coefficient(call.get_op_arg(n + 1), it)
+            if c is None:
+                return None
+            per_index[index] = c
+        if not _statement_ok(k, stmt, per_index, dtypes):
+            return None
+        strides[name] = per_index
+    widest = max((_BITS[d] for d in dtypes), default=32)
+    lanes = max(1, k.target.vector_bits // widest)
+    return (lanes, strides) if lanes > 1 else None
+
+
+def _statement_ok(k: Kernel, stmt, strides: dict[str, int], dtypes: set[str]) -> bool:
+    """Whether ``stmt`` vectorizes with these index strides: stride-1 write, stride 0/1 reads, no gathers."""
+    scop = k.scop
+    write_stride = X.flat_stride(scop, stmt.tensor, [L.Ident(i, dtype="int32", kind="index") for i in stmt.lhs],
+                                strides)
+    if write_stride != 1:
+        return False
+    dtypes.add(scop.tensor(stmt.tensor).dtype)
+    for e in _walk(stmt.rhs):
+        if e.dtype is not None:
+            dtypes.add(e.dtype)
+        if isinstance(e, L.Access):
+            if X.may_fail(e) or X.flat_stride(scop, e.tensor, e.args, strides) not in (0, 1):
+                return False
+            dtypes.add(scop.tensor(e.tensor).dtype)
+        if isinstance(e, L.Ident) and e.kind == "scalar":
+            dtypes.add(scop.tensor(e.name).dtype)
+    return True
+
+
+def _emit_vector_statement(k: Kernel, r: Region, user: isl.AstNode, lanes: int,
+                           strides: dict[str, dict[str, int]], b: ir.IRBuilder) -> None:
+    """One statement for ``lanes`` consecutive iterations: vector rhs, vector load/combine/store of the lhs."""
+    call = user.user_get_expr()
+    stmt = k.statements[call.get_op_arg(0).get_id().name]
+    indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), b) for n, i in enumerate(stmt.indices)}
+    env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, lanes=lanes, strides=strides[stmt.name])
+    dtype = k.scop.tensor(stmt.tensor).dtype
+    value = X.convert(b, X.emit_expr(env, stmt.rhs, b), stmt.rhs.dtype, dtype)
+    scalar_env = dataclasses.replace(env, lanes=1, strides={})
+    flat = X.flat_index(scalar_env, stmt.tensor, [indices[i] for i in stmt.lhs], b)
+    if stmt.op not in ("init", "="):
+        value = X.combine(b, stmt.op, dtype, X.load(env, stmt.tensor, flat, b, lanes=lanes), value)
+    X.store(env, stmt.tensor, flat, value, b)
+
+
+def _user_nodes(body: isl.AstNode) -> list[isl.AstNode] | None:
+    """The statement calls of a body that is one call or a block of calls; None for anything else."""
+    t = body.get_type()
+    if t == isl.ast_node_type.user:
+        return [body]
+    if t != isl.ast_node_type.block:
+        return None
+    children = body.block_get_children()
+    nodes = [children.get_at(i) for i in range(children.n_ast_node())]
+    return nodes if all(c.get_type() == isl.ast_node_type.user for c in nodes) else None
+
+
+def _coefficient(e: isl.AstExpr, it: str) -> int | None:
+    """The coefficient of iterator ``it`` in isl AST expression ``e``, or None if ``e`` is not affine in it."""
+    t = e.get_type()
+    if t == isl.ast_expr_type.int:
+        return 0
+    if t == isl.ast_expr_type.id:
+        return 1 if e.get_id().name == it else 0
+    if not uses_id(e, it):
+        return 0
+    op = e.get_op_type()
+    args = [e.get_op_arg(i) for i in range(e.get_op_n_arg())]
+    if op == _OP.minus:
+        c = _coefficient(args[0], it)
+        return None if c is None else -c
+    if op in (_OP.add, _OP.sub):
+        a, b = _coefficient(args[0], it), _coefficient(args[1], it)
+        if a is None or b is None:
+            return None
+        return a + b if op == _OP.add else a - b
+    if op == _OP.mul:
+        for const, other in ((args[0], args[1]), (args[1], args[0])):
+            if const.get_type() == isl.ast_expr_type.int:
+                c = _coefficient(other, it)
+                return None if c is None else const.get_val().to_python() * c
+    return None
+
+
+def _walk(e: L.Expr):
+    yield e
+    for child in X.children(e):
+        yield from _walk(child)

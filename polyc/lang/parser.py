@@ -1,0 +1,384 @@
+"""The parser: TC source text → :class:`~polyc.lang.ast.Program` (untyped, every node with its span).
+
+A recursive-descent parser over the tokens of :mod:`polyc.lang.lexer`; expressions use precedence climbing
+(lowest to highest: ``?:``, ``||``, ``&&``, ``== !=``, ``< <= > >=``, ``+ -``, ``* / %``, unary ``- !``)::
+
+    >>> p = parse("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }")
+    >>> p.defs[0].statements[0].rhs
+    Binary(op='+', lhs=Access(tensor='A', args=(Ident(name='i', ...),), ...), ...)
+
+``NAME(args)`` is a :class:`Cast` when ``NAME`` is a type, a :class:`Call` when it is one of
+:data:`~polyc.lang.ast.BUILTINS`, and a tensor :class:`Access` otherwise. The parser raises only
+:class:`ParseError` (with the source attached, so the caret shows) and :class:`UnsupportedError` (float16).
+"""
+from __future__ import annotations
+
+from ..errors import ParseError, PolycError, Span, UnsupportedError
+from . import ast as A
+from .lexer import Token, tokenize
+
+#: Binary operators and their precedence (higher binds tighter); ``?:`` is level 0, unary is level 7.
+BINARY_PRECEDENCE = {
+    "||": 1, "&&": 2, "==": 3, "!=": 3, "<": 4, "<=": 4, ">": 4, ">=": 4,
+    "+": 5, "-": 5, "*": 6, "/": 6, "%": 6,
+}
+
+#: Type spellings polyc recognises but does not handle yet.
+UNSUPPORTED_TYPES = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16"}
+
+#: How deeply parentheses, calls and unary operators may nest while parsing.
+MAX_NESTING = 100
+
+#: How deep an expression tree may be (a long chain ``a + b + c + ...`` is deep without nesting).
+MAX_DEPTH = 200
+
+_ASSIGN_SIMPLE = ("=", "+=", "*=", "+=!", "*=!")
+
+
+def parse(source: str, filename: str = "<source>") -> A.Program:
+    """Parse TC source text (any number of defs) into a :class:`~polyc.lang.ast.Program`.
+
+    Raises :class:`ParseError` for text outside the language and :class:`UnsupportedError` for float16.
+    """
+    try:
+        return _Parser(source, filename).program()
+    except PolycError as e:
+        if e.source is None:
+            e.with_source(source, filename)
+        elif e.filename != filename:
+            e.with_source(e.source, filename)
+        raise
+    except RecursionError:
+        raise ParseError("the input is nested too deeply", source=source, filename=filename,
+                         hint="split the expression with where-clause bindings or temporaries") from None
+
+
+def expr_children(e: A.Expr) -> tuple:
+    """The direct sub-expressions of an expression node."""
+    if isinstance(e, (A.Access, A.Call)):
+        return e.args
+    if isinstance(e, (A.Unary, A.Cast)):
+        return (e.operand,)
+    if isinstance(e, A.Binary):
+        return (e.lhs, e.rhs)
+    if isinstance(e, A.Select):
+        return (e.cond, e.then, e.other)
+    return ()
+
+
+def expr_depth(e: A.Expr) -> int:
+    """The height of an expression tree (a leaf has depth 1), computed without recursion."""
+    deepest = 0
+    stack = [(e, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        stack.extend((c, d + 1) for c in expr_children(node))
+    return deepest
+
+
+class _Parser:
+    def __init__(self, source: str, filename: str):
+        self.source = source
+        self.filename = filename
+        self.tokens = tokenize(source)
+        self.pos = 0
+        self.nesting = 0
+
+    # ---- token helpers ----
+
+    @property
+    def tok(self) -> Token:
+        return self.tokens[self.pos]
+
+    def peek(self, k: int = 1) -> Token:
+        return self.tokens[min(self.pos + k, len(self.tokens) - 1)]
+
+    def advance(self) -> Token:
+        t = self.tokens[self.pos]
+        if t.kind != "eof":
+            self.pos += 1
+        return t
+
+    @property
+    def prev_span(self) -> Span:
+        return self.tokens[self.pos - 1].span if self.pos else self.tok.span
+
+    def error(self, message: str, span: Span, hint: str | None = None) -> ParseError:
+        return ParseError(message, span, self.source, hint=hint, filename=self.filename)
+
+    def expect(self, op: str, context: str) -> Token:
+        if not self.tok.is_op(op):
+            raise self.error(f"expected '{op}' {context}, found {self.tok.describe()}", self.tok.span)
+        return self.advance()
+
+    def accept(self, op: str) -> bool:
+        if self.tok.is_op(op):
+            self.advance()
+            return True
+        return False
+
+    def name(self, what: str) -> Token:
+        """An identifier that names something (a def, tensor, size, index or let binding)."""
+        t = self.tok
+        if t.kind != "ident":
+            raise self.error(f"expected {what}, found {t.describe()}", t.span)
+        if t.text in A.TYPE_NAMES or t.text in UNSUPPORTED_TYPES:
+            raise self.error(f"'{t.text}' is a type name and cannot be used as {what}", t.span,
+                             hint="choose another name")
+        return self.advance()
+
+    # ---- program and defs ----
+
+    def program(self) -> A.Program:
+        defs = []
+        while self.tok.kind != "eof":
+            if not self.tok.is_keyword("def"):
+                raise self.error(f"expected 'def', found {self.tok.describe()}", self.tok.span,
+                                 hint="a source is a sequence of 'def name(inputs) -> (outputs) { ... }'")
+            defs.append(self.definition())
+        return A.Program(tuple(defs), self.source)
+
+    def definition(self) -> A.Def:
+        start = self.advance().span
+        name = self.name("a def name").text
+        self.expect("(", "after the def name")
+        params = []
+        if not self.tok.is_op(")"):
+            params.append(self.param())
+            while self.accept(","):
+                params.append(self.param())
+        self.expect(")", "after the parameters")
+        self.expect("->", "after the parameters (outputs are written '-> (C)')")
+        self.expect("(", "before the outputs")
+        outputs = [self.output()]
+        while self.accept(","):
+            outputs.append(self.output())
+        self.expect(")", "after the outputs")
+        self.expect("{", "to open the def body")
+        statements = []
+        while not self.tok.is_op("}"):
+            if self.accept(";"):
+                continue
+            if self.tok.kind == "eof":
+                raise self.error("expected '}' to close the def body, found end of input", self.tok.span)
+            statements.append(self.statement())
+            self.end_of_statement()
+        end = self.advance().span
+        return A.Def(name, tuple(params), tuple(outputs), tuple(statements), start.to(end))
+
+    def type_name(self) -> tuple[str, Span]:
+        t = self.tok
+        if t.kind == "ident" and t.text in UNSUPPORTED_TYPES:
+            raise UnsupportedError(f"{UNSUPPORTED_TYPES[t.text]} is not supported yet", t.span, self.source,
+                                   hint="use float (float32) or double (float64)", filename=self.filename)
+        if t.kind != "ident" or t.text not in A.TYPE_NAMES:
+            raise self.error(f"expected a type such as float or int32, found {t.describe()}", t.span,
+                             hint="types: bool, int8..int64, uint8..uint64, float, float32, double, float64")
+        self.advance()
+        return A.TYPE_NAMES[t.text], t.span
+
+    def dims(self) -> tuple[A.Dim, ...]:
+        self.advance()  # '('
+        dims = []
+        if not self.tok.is_op(")"):
+            dims.append(self.dim())
+            while self.accept(","):
+                dims.append(self.dim())
+        self.expect(")", "after the dimensions")
+        return tuple(dims)
+
+    def dim(self) -> A.Dim:
+        t = self.tok
+        if t.kind == "int":
+            self.advance()
+            return A.Dim(t.value, t.span)
+        return A.Dim(self.name("a size name or an integer").text, t.span)
+
+    def param(self) -> A.Param:
+        dtype, start = self.type_name()
+        dims = self.dims() if self.tok.is_op("(") else ()
+        t = self.name("an input name")
+        return A.Param(t.text, dtype, dims, start.to(t.span))
+
+    def output(self) -> A.Output:
+        t = self.tok
+        if t.kind == "ident" and (t.text in A.TYPE_NAMES or t.text in UNSUPPORTED_TYPES):
+            dtype, start = self.type_name()
+            dims = self.dims() if self.tok.is_op("(") else ()
+            n = self.name("an output name")
+            return A.Output(n.text, dtype, dims, start.to(n.span))
+        n = self.name("an output name")
+        return A.Output(n.text, None, None, n.span)
+
+    # ---- statements ----
+
+    def end_of_statement(self) -> None:
+        t = self.tok
+        if t.is_op(";", "}") or t.newline_before or t.kind == "eof":
+            return
+        raise self.error(f"expected a newline or ';' after the statement, found {t.describe()}", t.span,
+                         hint="put each statement on its own line or separate statements with ';'")
+
+    def statement(self) -> A.Statement:
+        head = self.name("a tensor name to start a statement")
+        indices: list[A.IndexVar] = []
+        if self.tok.is_op("("):
+            self.advance()
+            if not self.tok.is_op(")"):
+                indices.append(self.lhs_index())
+                while self.accept(","):
+                    indices.append(self.lhs_index())
+            self.expect(")", "after the left-hand side indices")
+        op = self.assign_op()
+        rhs = self.expr()
+        where: list[A.WhereClause] = []
+        if self.tok.is_keyword("where"):
+            self.advance()
+            where.append(self.where_clause())
+            while self.accept(","):
+                where.append(self.where_clause())
+        span = head.span.to(self.prev_span)
+        for e in [rhs] + [x for c in where for x in _clause_exprs(c)]:
+            if expr_depth(e) > MAX_DEPTH:
+                raise self.error(f"expression nested too deeply (more than {MAX_DEPTH} levels)", e.span,
+                                 hint="split it with where-clause bindings or temporaries")
+        return A.Statement(head.text, tuple(indices), op, rhs, tuple(where), span)
+
+    def lhs_index(self) -> A.IndexVar:
+        e = self.expr()
+        if not isinstance(e, A.Ident):
+            raise self.error("the left-hand side takes index variables only", e.span,
+                             hint="write T(i) = ... and move offsets to the right-hand side, e.g. T(i) = A(i + 1)")
+        return A.IndexVar(e.name, e.span)
+
+    def assign_op(self) -> str:
+        t = self.tok
+        if t.kind == "op" and t.text in _ASSIGN_SIMPLE:
+            self.advance()
+            return t.text
+        if t.kind == "ident" and t.text in ("max", "min"):
+            eq = self.peek()
+            if eq.is_op("=") and _adjacent(t, eq):
+                self.advance()
+                self.advance()
+                bang = self.tok
+                if bang.is_op("!") and _adjacent(eq, bang):
+                    self.advance()
+                    return t.text + "=!"
+                return t.text + "="
+        raise self.error(f"expected an assignment operator, found {t.describe()}", t.span,
+                         hint="operators: = += *= max= min= and the initializing forms +=! *=! max=! min=!")
+
+    def where_clause(self) -> A.WhereClause:
+        t = self.tok
+        if t.is_keyword("exists"):
+            self.advance()
+            e = self.expr()
+            return A.ExistsClause(e, t.span.to(e.span))
+        n = self.name("a where clause ('i in lo:hi', 'exists expr' or 'x = expr')")
+        if self.tok.is_keyword("in"):
+            self.advance()
+            lo = self.expr()
+            self.expect(":", "between the bounds of a range (write 'i in lo:hi')")
+            hi = self.expr()
+            return A.RangeClause(n.text, lo, hi, n.span.to(hi.span))
+        if self.tok.is_op("="):
+            self.advance()
+            e = self.expr()
+            return A.LetClause(n.text, e, n.span.to(e.span))
+        raise self.error(f"expected 'in' or '=' after '{n.text}' in a where clause, found {self.tok.describe()}",
+                         self.tok.span, hint="where clauses are 'i in lo:hi', 'exists expr' or 'x = expr'")
+
+    # ---- expressions ----
+
+    def enter(self, span: Span) -> None:
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise self.error(f"expression nested too deeply (more than {MAX_NESTING} levels)", span,
+                             hint="split it with where-clause bindings or temporaries")
+
+    def expr(self) -> A.Expr:
+        """``cond ? then : other`` (right-associative) or a binary expression."""
+        self.enter(self.tok.span)
+        cond = self.binary(1)
+        if self.accept("?"):
+            then = self.expr()
+            self.expect(":", "in a conditional expression 'c ? a : b'")
+            other = self.expr()
+            cond = A.Select(cond, then, other, cond.span.to(other.span))
+        self.nesting -= 1
+        return cond
+
+    def binary(self, min_prec: int) -> A.Expr:
+        lhs = self.unary()
+        while self.tok.kind == "op" and BINARY_PRECEDENCE.get(self.tok.text, 0) >= min_prec:
+            op = self.advance().text
+            self.enter(self.tok.span)
+            rhs = self.binary(BINARY_PRECEDENCE[op] + 1)
+            self.nesting -= 1
+            lhs = A.Binary(op, lhs, rhs, lhs.span.to(rhs.span))
+        return lhs
+
+    def unary(self) -> A.Expr:
+        t = self.tok
+        if t.is_op("-", "!"):
+            self.advance()
+            self.enter(t.span)
+            operand = self.unary()
+            self.nesting -= 1
+            return A.Unary(t.text, operand, t.span.to(operand.span))
+        return self.primary()
+
+    def primary(self) -> A.Expr:
+        t = self.tok
+        if t.kind == "int" or t.kind == "float":
+            self.advance()
+            return A.Const(t.value, t.span)
+        if t.is_op("("):
+            self.advance()
+            e = self.expr()
+            self.expect(")", "to close the parenthesis")
+            return e
+        if t.kind == "ident":
+            if self.peek().is_op("("):
+                return self.application()
+            if t.text in A.TYPE_NAMES or t.text in UNSUPPORTED_TYPES:
+                raise self.error(f"type name '{t.text}' used as a value", t.span,
+                                 hint=f"a cast is written {t.text}(expr)")
+            self.advance()
+            return A.Ident(t.text, t.span)
+        raise self.error(f"expected an expression, found {t.describe()}", t.span)
+
+    def application(self) -> A.Expr:
+        """``NAME(args)``: a cast, a builtin call or a tensor access."""
+        t = self.tok
+        if t.text in UNSUPPORTED_TYPES:
+            self.type_name()  # raises UnsupportedError
+        self.advance()
+        self.advance()  # '('
+        args = []
+        if not self.tok.is_op(")"):
+            args.append(self.expr())
+            while self.accept(","):
+                args.append(self.expr())
+        end = self.expect(")", f"to close the arguments of '{t.text}'").span
+        span = t.span.to(end)
+        if t.text in A.TYPE_NAMES:
+            if len(args) != 1:
+                raise self.error(f"a cast to {t.text} takes one argument, got {len(args)}", span,
+                                 hint=f"write {t.text}(expr)")
+            return A.Cast(A.TYPE_NAMES[t.text], args[0], span)
+        if t.text in A.BUILTINS:
+            return A.Call(t.text, tuple(args), span)
+        return A.Access(t.text, tuple(args), span)
+
+
+def _adjacent(a: Token, b: Token) -> bool:
+    return a.span.end_line == b.span.line and a.span.end_col == b.span.col
+
+
+def _clause_exprs(c: A.WhereClause) -> tuple:
+    if isinstance(c, A.RangeClause):
+        return (c.lo, c.hi)
+    return (c.expr,)

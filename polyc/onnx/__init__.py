@@ -1,0 +1,14 @@
+"""polyc's ONNX front end: ``compile(model) -> CompiledModel`` and an ``onnx.backend`` Backend.
+
+    >>> import polyc.onnx
+    >>> model = polyc.onnx.compile("resnet50.onnx")
+    >>> probs, = model.run({"data": x})
+
+The stages live in their own modules: ``load`` (checker, shape inference), ``graph`` (networkx IR),
+``passes``, ``fusion``, ``lower`` / ``ops`` / ``movement`` (group -> TC text), ``memory`` (arena),
+``executor`` and ``api``; ``backend`` adapts it to ``onnx.backend.base.Backend``.
+"""
+from . import backend
+from .api import CompiledModel, compile, compile_kernels
+
+__all__ = ["compile", "CompiledModel", "compile_kernels", "backend"]

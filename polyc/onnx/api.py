@@ -1,0 +1,172 @@
+"""``polyc.onnx.compile``: an ONNX model to a :class:`CompiledModel`, stage by stage.
+
+    model = load_model(path, input_shapes)      # onnx checker + strict shape inference, static inputs
+    graph = from_model(model)                   # networkx graph IR
+    graph = simplify(graph)                     # folding, CSE, BN folding, DCE, static shapes
+    check_supported(graph)                      # every unsupported node listed at once
+    groups = fusion_groups(graph)               # which nodes become one kernel
+    kernels = lower_groups(graph, groups)       # one TC def per kernel group
+    plan = plan_memory(graph, groups)           # one arena by liveness
+    steps = compile_kernels(kernels, options)   # polyc.define(...).specialize(...), identical defs once
+    executor = make_executor(Program(...))
+"""
+from __future__ import annotations
+
+import time
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .. import kernel as _kernel
+from ..errors import CompileError, PolycError, ShapeError
+from .executor import Program, Step, make_executor
+from .fusion import fusion_groups, groups_summary
+from .graph import from_model
+from .load import ModelLike, load_model
+from .lower import check_supported, lower_groups
+from .memory import plan_memory
+from .passes import simplify
+
+
+def compile_kernels(kernels: list, options=None, progress: bool = False) -> tuple:
+    """Compile each lowered kernel through ``polyc.define``; identical (text, shapes) compile once.
+
+    Returns ``(steps, timings)`` where timings maps a def's text to its compile seconds.
+    """
+    distinct = {}
+    for k in kernels:
+        if k is not None:
+            distinct.setdefault(k.source, k)
+    items = list(distinct.values())
+    if progress:
+        from tqdm import tqdm
+        items = tqdm(items, desc="compiling kernels", unit="kernel", leave=False)
+    compiled, timings = {}, {}
+    for k in items:
+        t = time.perf_counter()
+        try:
+            kern = _kernel.define(k.source, options=options)
+            compiled[k.source] = kern.specialize(*[k.tc_shapes[name] for name in k.inputs])
+        except PolycError as exc:
+            raise CompileError(f"compiling kernel {k.name} of group {k.group} failed: {exc.message}",
+                               hint=f"the kernel's source:\n{k.source}") from exc
+        timings[k.source] = time.perf_counter() - t
+    steps = tuple(Step(k.group, k.name, compiled[k.source], k.inputs, k.outputs) for k in kernels if k is not None)
+    return steps, timings
+
+
+class CompiledModel:
+    """An ONNX model compiled by polyc. ``run(feeds)`` (or calling it) returns the outputs as a list.
+
+    ``input_names``/``input_shapes``/``input_dtypes`` and the ``output_*`` counterparts describe the model;
+    ``summary()`` prints the fusion groups, the slowest kernels to compile and the arena.
+    """
+
+    def __init__(self, graph, groups, kernels, plan, steps, timings, executor, stage_seconds):
+        self.graph = graph
+        self.groups = groups
+        self.kernels = kernels
+        self.plan = plan
+        self.steps = steps
+        self.compile_seconds = timings
+        self.stage_seconds = stage_seconds
+        self.executor = executor
+        tensors = graph.graph["tensors"]
+        self.input_names = tuple(graph.graph["inputs"])
+        self.input_shapes = tuple(tensors[n].shape for n in self.input_names)
+        self.input_dtypes = tuple(np.dtype(tensors[n].dtype) for n in self.input_names)
+        self.output_names = tuple(graph.graph["outputs"])
+        self.output_shapes = tuple(tensors[n].shape for n in self.output_names)
+        self.output_dtypes = tuple(np.dtype(tensors[n].dtype) for n in self.output_names)
+
+    def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict:
+        """Feeds as C-contiguous arrays; a wrong name, a missing input, or a wrong shape or dtype raises
+        :class:`~polyc.errors.ShapeError` naming the input and what was expected."""
+        expected = dict(zip(self.input_names, zip(self.input_shapes, self.input_dtypes)))
+        for name in feeds:
+            if name not in expected:
+                raise ShapeError(f"unknown input {name!r}; the model's inputs are: "
+                                 + ", ".join(f"{n} {d.name}{list(s)}" for n, (s, d) in expected.items()))
+        out = {}
+        for name, (shape, dtype) in expected.items():
+            if name not in feeds:
+                raise ShapeError(f"missing input {name!r}: expected {dtype.name}{list(shape)}")
+            value = feeds[name]
+            if not isinstance(value, np.ndarray):
+                value = np.asarray(value, dtype=dtype)
+            if value.dtype != dtype:
+                raise ShapeError(f"input {name!r}: expected dtype {dtype.name}, got {value.dtype.name}",
+                                 hint=f"convert it with .astype(np.{dtype.name})")
+            if tuple(value.shape) != tuple(shape):
+                raise ShapeError(f"input {name!r}: expected shape {list(shape)}, got {list(value.shape)}")
+            out[name] = np.ascontiguousarray(value)
+        return out
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list:
+        """The model's outputs (numpy arrays, in ``output_names`` order) for ``feeds`` (input name -> array)."""
+        return self.executor.run(self.check_feeds(feeds))
+
+    def __call__(self, *args, **feeds):
+        """``model(x)`` (positional, in input order), ``model(feeds_dict)`` or ``model(name=array)``."""
+        if len(args) == 1 and isinstance(args[0], Mapping):
+            feeds = dict(args[0])
+        elif args:
+            if len(args) != len(self.input_names):
+                raise ShapeError(f"the model takes {len(self.input_names)} inputs ({', '.join(self.input_names)}), "
+                                 f"got {len(args)}")
+            feeds = dict(zip(self.input_names, args))
+        return self.run(feeds)
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.plan.arena_bytes
+
+    def summary(self, slowest: int = 10) -> str:
+        """Fusion groups, kernel count, the slowest kernel compiles, the arena and the stage times."""
+        ops: dict = {}
+        for _, d in self.graph.nodes(data=True):
+            ops[d["op"]] = ops.get(d["op"], 0) + 1
+        lines = [f"ops after passes: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda x: -x[1])),
+                 groups_summary(self.graph, self.groups),
+                 f"kernels: {len(self.steps)} calls, {len(self.compile_seconds)} distinct defs compiled"]
+        by_time = sorted(self.compile_seconds.items(), key=lambda x: -x[1])[:slowest]
+        names = {k.source: k.name for k in self.kernels if k is not None}
+        for source, seconds in by_time:
+            lines.append(f"  {seconds * 1e3:8.1f} ms  {names[source]}")
+        lines.append(str(self.plan))
+        lines.append("stages: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.stage_seconds.items()))
+        return "\n".join(lines)
+
+
+def compile(model_or_path: ModelLike, options=None, input_shapes: Mapping[str, Sequence[int]] | None = None,
+            progress: bool = False) -> CompiledModel:
+    """Compile an ONNX model (a path, bytes or ModelProto) into a :class:`CompiledModel`.
+
+    ``options`` (a :class:`polyc.Options`) apply to every kernel; ``input_shapes`` pins dynamic input dims
+    (``{"data": (1, 3, 224, 224)}``). Raises :class:`~polyc.errors.UnsupportedError` listing every unsupported
+    node before any kernel is compiled, and :class:`~polyc.errors.ShapeError` for a dynamic dimension.
+    """
+    seconds = {}
+    t = time.perf_counter()
+    model = load_model(model_or_path, input_shapes)
+    graph = from_model(model)
+    seconds["load"] = time.perf_counter() - t
+    t = time.perf_counter()
+    graph = simplify(graph)
+    seconds["passes"] = time.perf_counter() - t
+    check_supported(graph)
+    t = time.perf_counter()
+    groups = fusion_groups(graph)
+    kernels = lower_groups(graph, groups)
+    plan = plan_memory(graph, groups)
+    seconds["lower"] = time.perf_counter() - t
+    t = time.perf_counter()
+    steps, timings = compile_kernels(kernels, options, progress)
+    seconds["kernels"] = time.perf_counter() - t
+    constants = dict(graph.graph["constants"])
+    for k in kernels:
+        if k is not None:
+            constants.update(k.constants)
+    tensors = dict(graph.graph["tensors"])
+    program = Program(steps, plan, constants, tensors, tuple(graph.graph["inputs"]), tuple(graph.graph["outputs"]))
+    return CompiledModel(graph, groups, kernels, plan, steps, timings, make_executor(program), seconds)

@@ -1,0 +1,358 @@
+"""Lowering: each fusion group becomes the source text of one TC def.
+
+A group is lowered node by node. Every tensor value is a :class:`Val`: a function from index expressions
+to expression text. Elementwise ops build values lazily (so ``Conv -> Add(bias) -> Relu`` becomes one
+expression over the convolution's tensor); reductions, anchors and data movement write tensors with a
+statement. At the end each group output is written ("materialized"); when the final statement of an output
+only reads a same-shaped temporary at the output's own index, the temporary *becomes* the output and the
+statement an in-place update::
+
+    def conv_add_relu(float(1,3,224,224) X0, float(64,3,7,7) X1, float(64) X2) -> (float(1,64,112,112) Y0) {
+        Y0(i0, i1, i2, i3) +=! (...) ? X0(i0, r0, i2*2+r1-3, i3*2+r2-3) * X1(i1, r0, r1, r2) : 0.0
+            where i0 in 0:1, ..., r2 in 0:7
+        Y0(i0, i1, i2, i3) = max(Y0(i0, i1, i2, i3) + X2(i1), 0.0)
+            where i0 in 0:1, ...
+    }
+
+Sizes are integer literals (shapes are static), every index gets an explicit ``where`` range, inputs are
+named ``X<k>``, outputs ``Y<k>``, temporaries ``T<k>``, so identical groups give identical text.
+
+Converters are plain functions ``convert_<op>(b, node) -> list[Val]`` in :mod:`polyc.onnx.ops`, chosen by opset
+through :data:`CONVERTERS` (``(since_version, function)`` pairs, TVM's ``_impl_vN`` idea).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import networkx as nx
+import numpy as np
+import onnx
+
+from ..errors import UnsupportedError
+from .fusion import Group
+
+#: Oldest default-domain opset the converters handle.
+MIN_OPSET = 7
+
+
+def tc_type(dtype) -> str:
+    """The TC spelling of a numpy dtype (``float`` for float32, ``double`` for float64)."""
+    name = np.dtype(dtype).name
+    if name == "float32":
+        return "float"
+    if name == "float64":
+        return "double"
+    if name in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+        return name
+    raise UnsupportedError(f"dtype {name} is not supported by polyc kernels")
+
+
+def lit(value, dtype=np.float32) -> str:
+    """A literal for ``value``: positional float text (``0.02``, ``(-1.5)``) or an int, parenthesised if negative."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        v = np.float32(value) if dtype == np.float32 else np.float64(value)
+        if np.isinf(v):
+            v = np.finfo(dtype).max * np.sign(v)
+        text = np.format_float_positional(v, unique=True, trim="0")
+    elif dtype.kind == "b":
+        text = "1" if value else "0"
+    else:
+        text = str(int(value))
+    return f"({text})" if text.startswith("-") else text
+
+
+#: Write ``k*e`` in index expressions as ``e+e+...`` (k terms): works around the core's isl text for
+#: constant multiplication, ``(2) * (i)``, which isl does not parse (see the report). Set False once fixed.
+MUL_AS_SUM = True
+
+
+def times(k: int, expr: str) -> str:
+    """Index text for ``k*expr`` (``k`` a positive int)."""
+    if k == 1:
+        return expr
+    if MUL_AS_SUM:
+        return "+".join([expr] * k)
+    return f"{k}*{expr}"
+
+
+@dataclass(frozen=True)
+class Val:
+    """A tensor value inside a def: ``at(index_texts) -> expression text``.
+
+    ``tensor`` is the TC name when the value is stored (a parameter or a written tensor); ``cheap`` says the
+    expression may be repeated in a formula without redoing much work.
+    """
+
+    shape: tuple
+    dtype: np.dtype
+    at: Callable
+    tensor: str | None = None
+    cheap: bool = True
+
+
+@dataclass
+class _Stmt:
+    lhs: str
+    text: str
+
+
+@dataclass(frozen=True)
+class LoweredKernel:
+    """One group as TC text. ``inputs``/``outputs`` are ONNX tensor names in parameter/return order;
+    ``constants`` holds extra inputs made by lowering (e.g. Resize index tables), keyed by their names in
+    ``inputs``; ``tc_shapes`` the shapes the def declares (a 0-d ONNX output is declared with shape (1,))."""
+
+    group: str
+    name: str
+    source: str
+    inputs: tuple
+    outputs: tuple
+    constants: dict = field(default_factory=dict, compare=False)
+    tc_shapes: dict = field(default_factory=dict, compare=False)
+
+    def __str__(self) -> str:
+        return self.source
+
+
+class Builder:
+    """Collects parameters and statements of one def; converters call its methods."""
+
+    def __init__(self, g: nx.DiGraph, group: Group):
+        self.g = g
+        self.group = group
+        self.opset = g.graph["opset"]
+        self.consts = g.graph["constants"]
+        self.tensors = g.graph["tensors"]
+        self.params: list = []  # (tc name, onnx name, shape, dtype)
+        self.extra_constants: dict = {}
+        self.stmts: list[_Stmt] = []
+        self.values: dict = {}
+        self.temps = 0
+        self.node_id = ""
+        self.node_op = ""
+
+    # ---- values ----
+    def error(self, message: str) -> UnsupportedError:
+        return UnsupportedError(f"{message} on node {self.node_id} ({self.node_op}, opset {self.opset})")
+
+    def value(self, name: str) -> Val:
+        """The :class:`Val` of ONNX tensor ``name``: a computed value, an inlined scalar constant, or a parameter."""
+        if name in self.values:
+            return self.values[name]
+        if name in self.consts and np.asarray(self.consts[name]).size == 1:
+            arr = np.asarray(self.consts[name])
+            text = lit(arr.reshape(-1)[0], arr.dtype)
+            v = Val(tuple(arr.shape), arr.dtype, lambda idx, t=text: t)
+        else:
+            info = self.tensors[name]
+            v = self.add_param(name, info.shape, info.dtype)
+        self.values[name] = v
+        return v
+
+    def add_param(self, onnx_name: str, shape, dtype, constant=None) -> Val:
+        tc = f"X{len(self.params)}"
+        self.params.append((tc, onnx_name, tuple(shape), np.dtype(dtype)))
+        if constant is not None:
+            self.extra_constants[onnx_name] = constant
+        return self.tensor_val(tc, tuple(shape), dtype)
+
+    def constant_table(self, array: np.ndarray, hint: str) -> Val:
+        """A compile-time table (e.g. Resize source indices) passed as an extra kernel input."""
+        name = f"__{self.group.name}_{hint}_{len(self.params)}"
+        return self.add_param(name, array.shape, array.dtype, constant=array)
+
+    @staticmethod
+    def tensor_val(tc: str, shape: tuple, dtype) -> Val:
+        if len(shape) == 0:
+            return Val(shape, np.dtype(dtype), lambda idx, t=tc: t, tc)
+        return Val(shape, np.dtype(dtype), lambda idx, t=tc: f"{t}({', '.join(idx)})", tc)
+
+    def input(self, node: dict, k: int):
+        """The Val of input ``k`` of ``node``, or None when absent."""
+        names = node["inputs"]
+        if k >= len(names) or not names[k]:
+            return None
+        return self.value(names[k])
+
+    def const_input(self, node: dict, k: int, what: str):
+        """The numpy value of input ``k`` (must be a compile-time constant), or None when absent."""
+        names = node["inputs"]
+        if k >= len(names) or not names[k]:
+            return None
+        if names[k] not in self.consts:
+            raise self.error(f"input {what} ({names[k]!r}) must be a compile-time constant")
+        return np.asarray(self.consts[names[k]])
+
+    def out_shape(self, node: dict, k: int = 0) -> tuple:
+        return self.tensors[node["outputs"][k]].shape
+
+    def out_dtype(self, node: dict, k: int = 0):
+        return self.tensors[node["outputs"][k]].dtype
+
+    # ---- statements ----
+    def emit(self, shape, dtype, body: Callable, op: str = "=", reductions=(), name: str | None = None) -> Val:
+        """Write a statement ``NAME(i..) op body(i.., r..)`` with ranges ``where i in 0:shape, r in 0:extent``.
+
+        ``body`` gets the list of lhs index names and the list of reduction index names; ``name`` names the
+        written tensor (a fresh temporary when None).
+        """
+        shape = tuple(shape)
+        tc_shape = shape or (1,)
+        if name is None:
+            name = f"T{self.temps}"
+            self.temps += 1
+        idx = [f"i{k}" for k in range(len(tc_shape))]
+        red = [f"r{k}" for k in range(len(reductions))]
+        rhs = body(idx if shape else [], red)
+        ranges = [f"{i} in 0:{n}" for i, n in zip(idx, tc_shape)] + [f"{r} in 0:{n}" for r, n in zip(red, reductions)]
+        text = f"{name}({', '.join(idx)}) {op} {rhs}\n        where {', '.join(ranges)}"
+        self.stmts.append(_Stmt(name, text))
+        v = self.tensor_val(name, tc_shape, dtype)
+        if not shape:  # a 0-d value stored with shape (1,)
+            v = Val((), np.dtype(dtype), lambda _idx, t=name: f"{t}(0)", name)
+        return v
+
+    def materialize(self, v: Val, name: str | None = None) -> Val:
+        """``v`` as a stored tensor (writes a statement unless it already is one and no name is asked)."""
+        if v.tensor is not None and name is None:
+            return v
+        return self.emit(v.shape, v.dtype, lambda idx, red: v.at(idx), name=name)
+
+    def simple(self, v: Val) -> Val:
+        """``v`` if it is cheap to repeat in a formula, else ``v`` stored in a temporary."""
+        return v if v.cheap or v.tensor is not None else self.materialize(v)
+
+
+def broadcast_index(v: Val, out_shape: tuple, idx: list) -> list:
+    """Index texts reading ``v`` (numpy-broadcast to ``out_shape``) at output index ``idx``."""
+    r = len(v.shape)
+    tail = idx[len(idx) - r:] if r else []
+    return ["0" if d == 1 and n != 1 else i for i, d, n in zip(tail, v.shape, out_shape[len(out_shape) - r:])]
+
+
+def lazy(shape, dtype, fn: Callable, cheap: bool = False) -> Val:
+    """An unstored value computed by ``fn(idx)``."""
+    return Val(tuple(shape), np.dtype(dtype), fn, None, cheap)
+
+
+# ---- the group lowering --------------------------------------------------------------------------------------
+
+def _def_name(group: Group) -> str:
+    ops = [re.sub(r"[^a-z0-9]", "", o.lower()) for o in group.ops]
+    name = "_".join(ops[:4]) + ("_etc" if len(ops) > 4 else "")
+    return name or "kernel"
+
+
+def _rename(stmts: list, old: str, new: str) -> None:
+    pattern = re.compile(rf"\b{re.escape(old)}\b")
+    for s in stmts:
+        s.text = pattern.sub(new, s.text)
+        if s.lhs == old:
+            s.lhs = new
+
+
+def _finish_output(b: Builder, v: Val, name: str) -> None:
+    """Write group output ``v`` as tensor ``name``, in place over a temporary when that is possible."""
+    if v.tensor is not None and v.tensor.startswith("T") and not any(s.lhs == name for s in b.stmts):
+        _rename(b.stmts, v.tensor, name)
+        return
+    b.materialize(v, name=name)
+    last = b.stmts[-1]
+    shape = v.shape or (1,)
+    own = f"({', '.join(f'i{k}' for k in range(len(shape)))})"
+    for temp in sorted(set(re.findall(r"\bT\d+\b", last.text))):
+        uses = re.findall(rf"\b{temp}\b(\([^()]*\))?", last.text)
+        if not all(u == own for u in uses):
+            continue
+        elsewhere = any(re.search(rf"\b{temp}\b", s.text) and s.lhs != temp for s in b.stmts[:-1])
+        written_shape = next((s for s in b.stmts if s.lhs == temp), None)
+        if elsewhere or written_shape is None or not _same_ranges(written_shape.text, last.text, len(shape)):
+            continue
+        _rename(b.stmts, temp, name)
+        return
+
+
+def _same_ranges(a: str, b: str, rank: int) -> bool:
+    def ranges(text):
+        return [m for m in re.findall(r"\bi(\d+) in 0:(\d+)", text)][:rank]
+    return ranges(a) == ranges(b)
+
+
+def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
+    """The TC def of a kernel group (None for an alias group)."""
+    if group.kind == "alias":
+        return None
+    from .ops import converter  # the per-op functions
+
+    b = Builder(g, group)
+    for nid in group.nodes:
+        node = g.nodes[nid]
+        b.node_id, b.node_op = nid, node["op"]
+        fn = converter(node["op"], b.opset)
+        if fn is None:
+            raise b.error("unsupported operator")
+        outs = fn(b, node)
+        for name, v in zip(node["outputs"], outs):
+            if name and v is not None:
+                b.values[name] = v
+    out_names = []
+    for k, onnx_name in enumerate(group.outputs):
+        tc = f"Y{k}"
+        _finish_output(b, b.values[onnx_name], tc)
+        out_names.append(tc)
+    tc_shapes = {}
+    params = []
+    for tc, onnx_name, shape, dtype in b.params:
+        dims = f"({','.join(str(d) for d in shape)})" if shape else ""
+        params.append(f"{tc_type(dtype)}{dims} {tc}")
+        tc_shapes[onnx_name] = shape
+    outs = []
+    for tc, onnx_name in zip(out_names, group.outputs):
+        info = b.tensors[onnx_name]
+        shape = info.shape or (1,)
+        outs.append(f"{tc_type(info.dtype)}({','.join(str(d) for d in shape)}) {tc}")
+        tc_shapes[onnx_name] = shape
+    body = "\n".join(f"    {s.text}" for s in b.stmts)
+    name = _def_name(group)
+    source = f"def {name}({', '.join(params)}) -> ({', '.join(outs)}) {{\n{body}\n}}\n"
+    return LoweredKernel(group.name, name, source, tuple(p[1] for p in b.params), tuple(group.outputs),
+                         dict(b.extra_constants), tc_shapes)
+
+
+def lower_groups(g: nx.DiGraph, groups: list) -> list:
+    """:func:`lower_group` over every group, in order (None entries for alias groups)."""
+    return [lower_group(g, gr) for gr in groups]
+
+
+# ---- the supported-op check ------------------------------------------------------------------------------------
+
+def check_supported(g: nx.DiGraph) -> None:
+    """Raise :class:`~polyc.errors.UnsupportedError` listing *every* unsupported node and attribute at once."""
+    from .ops import check_node, converter
+
+    opset = g.graph["opset"]
+    problems = []
+    if opset < MIN_OPSET:
+        problems.append(f"opset {opset} is older than the oldest supported opset {MIN_OPSET}")
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:
+        problems.append(f"opset {opset} is newer than the installed onnx ({newest})")
+    for nid, d in sorted(g.nodes(data=True), key=lambda x: x[1]["order"]):
+        if d.get("domain", "") not in ("", "ai.onnx"):
+            problems.append(f"unsupported operator {d['domain']}.{d['op']} on node {nid}")
+            continue
+        if d["op"] in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"):
+            pass
+        elif converter(d["op"], opset) is None:
+            problems.append(f"unsupported operator {d['op']} on node {nid} (opset {opset})")
+            continue
+        problems.extend(check_node(g, nid, d))
+    for name in g.graph["inputs"] + [t for _, d in g.nodes(data=True) for t in d["outputs"] if t]:
+        info = g.graph["tensors"].get(name)
+        if info is not None and info.dtype is not None and np.dtype(info.dtype).name in ("float16", "bfloat16"):
+            problems.append(f"tensor {name!r} has dtype {np.dtype(info.dtype).name}, which polyc does not support")
+    if problems:
+        raise UnsupportedError(f"the model uses {len(problems)} unsupported feature(s):\n  " + "\n  ".join(problems))

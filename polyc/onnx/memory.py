@@ -1,0 +1,89 @@
+"""Static memory planning: the intermediate tensors of a compiled model share one arena.
+
+Each tensor written by a kernel group lives from the group that writes it to the last group that reads it
+(or to the end for graph outputs). Alias groups (Reshape, Flatten, Squeeze, Unsqueeze, Identity) make no new
+tensor: their output is a view of their input's memory and extends its lifetime. Offsets are assigned
+greedily by size (largest first, each at the lowest 64-byte-aligned offset that does not overlap a
+tensor alive at the same time), the strategy of TFLite's arena planner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+ALIGN = 64
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """``offsets``: root tensor -> byte offset in the arena; ``alias``: view tensor -> root tensor;
+    ``lifetimes``: root -> (first group index, last group index); ``arena_bytes``: the arena's size;
+    ``total_bytes``: what the intermediates would take without sharing."""
+
+    offsets: dict
+    sizes: dict
+    alias: dict
+    lifetimes: dict
+    arena_bytes: int
+    total_bytes: int = field(default=0)
+
+    def root(self, tensor: str) -> str:
+        """The tensor whose memory ``tensor`` uses (itself unless it is an alias)."""
+        while tensor in self.alias:
+            tensor = self.alias[tensor]
+        return tensor
+
+    def __str__(self) -> str:
+        saved = 1 - self.arena_bytes / self.total_bytes if self.total_bytes else 0.0
+        return (f"arena {self.arena_bytes / 2**20:.2f} MiB for {len(self.offsets)} intermediates of "
+                f"{self.total_bytes / 2**20:.2f} MiB in total ({saved:.0%} saved by sharing)")
+
+
+def plan_memory(g: nx.DiGraph, groups: list) -> MemoryPlan:
+    """Assign every kernel-written tensor an arena offset by liveness over the group order."""
+    tensors = g.graph["tensors"]
+    alias, first, last = {}, {}, {}
+
+    def root(t):
+        while t in alias:
+            t = alias[t]
+        return t
+    for k, gr in enumerate(groups):
+        for t in gr.inputs:
+            r = root(t)
+            if r in first:
+                last[r] = max(last.get(r, k), k)
+        if gr.kind == "alias":
+            node = g.nodes[gr.nodes[0]]
+            alias[node["outputs"][0]] = node["inputs"][0]
+            continue
+        for t in gr.outputs:
+            first[t] = k
+            last[t] = max(last.get(t, k), k)
+    end = len(groups)
+    for t in g.graph["outputs"]:
+        r = root(t)
+        if r in first:
+            last[r] = end
+    sizes = {t: max(tensors[t].nbytes, 1) for t in first}
+    order = sorted(first, key=lambda t: (-sizes[t], first[t], t))
+    placed: list = []  # (offset, size, first, last)
+    offsets = {}
+    for t in order:
+        lo, hi = first[t], last[t]
+        conflicts = sorted((o, s) for o, s, f, la in placed if not (la < lo or f > hi))
+        offset = 0
+        for o, s in conflicts:
+            if offset + sizes[t] <= o:
+                break
+            offset = max(offset, _align(o + s))
+        offsets[t] = offset
+        placed.append((offset, sizes[t], lo, hi))
+    arena = _align(max((offsets[t] + sizes[t] for t in offsets), default=0))
+    return MemoryPlan(offsets, sizes, alias, {t: (first[t], last[t]) for t in first}, arena,
+                      sum(_align(s) for s in sizes.values()))

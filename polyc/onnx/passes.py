@@ -1,0 +1,335 @@
+"""Graph passes: plain functions ``pass(graph) -> graph`` that never mutate their argument.
+
+:func:`simplify` runs them in order: Identity/Dropout removal, constant folding (with Shape/Size of static
+tensors turned into constants, so shape computations and Reshape targets resolve at compile time), common
+subexpression elimination, BatchNormalization folded into the preceding Conv (or decomposed into Mul/Add
+with folded constants), dead code elimination, and a final shape inference that requires every tensor to
+have a static shape.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import networkx as nx
+import numpy as np
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+from ..errors import ShapeError
+from .graph import (TensorInfo, _export_attr, add_op, connect, consumers, copy_graph, fresh_name, producer,
+                    remove_op, replace_uses, set_constant, to_model, topo_order)
+from .load import infer_shapes
+
+#: Ops never folded: their value is not a function of their inputs.
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                    "Bernoulli"}
+
+#: Ops that forward their first input unchanged at inference time.
+FORWARDING = {"Identity", "Dropout"}
+
+#: Constants above this many elements are not produced by folding ops other than ConstantOfShape and
+#: layout ops (a 100 M-element Expand would be a bad surprise in memory).
+FOLD_LIMIT = 1 << 26
+
+
+def _forward(g: nx.DiGraph, out: str, src: str) -> bool:
+    """Make readers of ``out`` read ``src``; keeps graph output names. False when that is not possible."""
+    outputs = g.graph["outputs"]
+    if out not in outputs:
+        replace_uses(g, out, src)
+        return True
+    if src in g.graph["constants"]:
+        set_constant(g, out, g.graph["constants"][src])
+        return True
+    p = producer(g, src)
+    if p is None or src in outputs or src in g.graph["inputs"]:
+        return False
+    # rename src to out: its producer now writes the graph output directly
+    readers = consumers(g, src)
+    d = g.nodes[p]
+    d["outputs"] = tuple(out if t == src else t for t in d["outputs"])
+    for v in readers:
+        g.nodes[v]["inputs"] = tuple(out if t == src else t for t in g.nodes[v]["inputs"])
+    g.graph["tensors"][out] = g.graph["tensors"].get(src, g.graph["tensors"].get(out))
+    connect(g)
+    return True
+
+
+def remove_identities(g: nx.DiGraph) -> nx.DiGraph:
+    """Remove Identity and (inference-mode) Dropout nodes; a used Dropout mask becomes a constant of ones."""
+    g = copy_graph(g)
+    for nid in topo_order(g):
+        d = g.nodes[nid]
+        if d["op"] not in FORWARDING:
+            continue
+        out, src = d["outputs"][0], d["inputs"][0]
+        if d["op"] == "Dropout" and len(d["outputs"]) > 1 and d["outputs"][1]:
+            mask = d["outputs"][1]
+            if consumers(g, mask) or mask in g.graph["outputs"]:
+                shape = g.graph["tensors"][src].shape
+                if shape is None:
+                    continue
+                set_constant(g, mask, np.ones(shape, dtype=bool))
+        remove_op(g, nid)
+        if not _forward(g, out, src):
+            add_op(g, nid, "Identity", [src], [out], order=d["order"])
+    connect(g)
+    return g
+
+
+def _static_shape_value(g: nx.DiGraph, d: dict):
+    """The value of a Shape or Size node whose input has a static shape, else None."""
+    info = g.graph["tensors"].get(d["inputs"][0])
+    if info is None or info.shape is None:
+        return None
+    shape = np.array(info.shape, dtype=np.int64)
+    if d["op"] == "Size":
+        return np.array(int(np.prod(shape)), dtype=np.int64)
+    rank = len(shape)
+    start = d["attrs"].get("start", 0)
+    end = d["attrs"].get("end", rank)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return shape[start:end]
+
+
+def evaluate_node(d: dict, values: list, opset: int) -> list:
+    """Run one node on numpy inputs with :class:`onnx.reference.ReferenceEvaluator`."""
+    if d["op"] == "Constant":
+        a = d["attrs"]
+        for key in ("value", "value_float", "value_int"):
+            if key in a:
+                return [np.asarray(a[key], dtype=np.float32 if key == "value_float" else
+                                   np.int64 if key == "value_int" else None)]
+        if "value_floats" in a:
+            return [np.asarray(a["value_floats"], dtype=np.float32)]
+        if "value_ints" in a:
+            return [np.asarray(a["value_ints"], dtype=np.int64)]
+    if d["op"] == "ConstantOfShape" and values[0] is not None:
+        fill = d["attrs"].get("value", np.zeros(1, np.float32))
+        return [np.full(tuple(int(v) for v in values[0]), fill.reshape(-1)[0], dtype=fill.dtype)]
+    names = [f"i{k}" if v is not None else "" for k, v in enumerate(values)]
+    outs = [f"o{k}" for k in range(len(d["outputs"]))]
+    node = helper.make_node(d["op"], names, outs, **{k: _export_attr(v) for k, v in d["attrs"].items()})
+    inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+              for n, v in zip(names, values) if n]
+    outputs = [helper.make_tensor_value_info(n, 0, None) for n in outs]
+    model = helper.make_model(helper.make_graph([node], "fold", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    ev = ReferenceEvaluator(model)
+    result = ev.run(None, {n: v for n, v in zip(names, values) if n})
+    return [np.asarray(r) for r in result]
+
+
+def fold_constants(g: nx.DiGraph) -> nx.DiGraph:
+    """Evaluate every node whose inputs are all compile-time constants; Shape/Size of static tensors fold too.
+
+    The folded node disappears and its outputs join ``g.graph["constants"]``.
+    """
+    g = copy_graph(g)
+    consts = g.graph["constants"]
+    for nid in topo_order(g):
+        d = g.nodes[nid]
+        if d["op"] in NONDETERMINISTIC or d.get("domain", "") not in ("", "ai.onnx"):
+            continue
+        if d["op"] in ("Shape", "Size"):
+            value = _static_shape_value(g, d)
+            if value is None:
+                continue
+            results = [value]
+        else:
+            if not all(t == "" or t in consts for t in d["inputs"]):
+                continue
+            results = evaluate_node(d, [consts[t] if t else None for t in d["inputs"]], g.graph["opset"])
+        remove_op(g, nid)
+        for name, value in zip(d["outputs"], results):
+            if name:
+                set_constant(g, name, value)
+    connect(g)
+    return g
+
+
+def _attrs_key(attrs: dict):
+    items = []
+    for k, v in sorted(attrs.items()):
+        if isinstance(v, np.ndarray):
+            v = (v.dtype.str, v.shape, v.tobytes())
+        elif isinstance(v, list):
+            v = tuple((x.dtype.str, x.shape, x.tobytes()) if isinstance(x, np.ndarray) else x for x in v)
+        items.append((k, v))
+    return tuple(items)
+
+
+def eliminate_common_subexpressions(g: nx.DiGraph) -> nx.DiGraph:
+    """Merge equal constants (same dtype, shape and bytes) and nodes with the same op, inputs and attributes."""
+    g = copy_graph(g)
+    seen_const: dict = {}
+    for name in list(g.graph["constants"]):
+        if name in g.graph["outputs"] or name in g.graph["inputs"]:
+            continue
+        v = g.graph["constants"][name]
+        key = (v.dtype.str, v.shape, hashlib.sha1(np.ascontiguousarray(v).tobytes()).hexdigest())
+        if key in seen_const:
+            replace_uses(g, name, seen_const[key])
+        else:
+            seen_const[key] = name
+    seen: dict = {}
+    for nid in topo_order(g):
+        d = g.nodes[nid]
+        if d["op"] in NONDETERMINISTIC:
+            continue
+        key = (d["op"], d.get("domain", ""), d["inputs"], len(d["outputs"]), _attrs_key(d["attrs"]))
+        if key not in seen:
+            seen[key] = nid
+            continue
+        first = g.nodes[seen[key]]
+        if any(t in g.graph["outputs"] for t in d["outputs"]):
+            continue
+        for old, new in zip(d["outputs"], first["outputs"]):
+            if old:
+                replace_uses(g, old, new)
+        remove_op(g, nid)
+    connect(g)
+    return g
+
+
+def _bn_scale_shift(g: nx.DiGraph, d: dict):
+    """(scale, shift) per channel of an inference BatchNormalization with constant parameters, or None."""
+    consts = g.graph["constants"]
+    if len(d["inputs"]) < 5 or not all(t in consts for t in d["inputs"][1:5]):
+        return None
+    if any(o for o in d["outputs"][1:]) or d["attrs"].get("training_mode", 0):
+        return None
+    if d["attrs"].get("spatial", 1) != 1:
+        return None
+    gamma, beta, mean, var = (consts[t].astype(np.float64) for t in d["inputs"][1:5])
+    if gamma.ndim != 1:
+        return None
+    eps = d["attrs"].get("epsilon", 1e-5)
+    scale = gamma / np.sqrt(var + eps)
+    return scale, beta - mean * scale
+
+
+def fold_batchnorm(g: nx.DiGraph) -> nx.DiGraph:
+    """Fold an inference BatchNormalization into the Conv that feeds it: ``W' = W*s[o]``, ``B' = (B-mean)*s+beta``.
+
+    The Conv must have constant weights (and bias) and the BatchNormalization must be its only reader.
+    """
+    g = copy_graph(g)
+    consts = g.graph["constants"]
+    for nid in topo_order(g):
+        d = g.nodes[nid]
+        if d["op"] != "BatchNormalization":
+            continue
+        conv = producer(g, d["inputs"][0])
+        if conv is None or g.nodes[conv]["op"] != "Conv":
+            continue
+        c = g.nodes[conv]
+        x_out = c["outputs"][0]
+        if len(consumers(g, x_out)) != 1 or x_out in g.graph["outputs"]:
+            continue
+        if c["inputs"][1] not in consts or (len(c["inputs"]) > 2 and c["inputs"][2]
+                                           and c["inputs"][2] not in consts):
+            continue
+        ss = _bn_scale_shift(g, d)
+        if ss is None:
+            continue
+        scale, shift = ss
+        w = consts[c["inputs"][1]]
+        b = consts[c["inputs"][2]] if len(c["inputs"]) > 2 and c["inputs"][2] else np.zeros(w.shape[0], w.dtype)
+        new_w = (w.astype(np.float64) * scale.reshape(-1, *[1] * (w.ndim - 1))).astype(w.dtype)
+        new_b = (b.astype(np.float64) * scale + shift).astype(w.dtype)
+        wname, bname = fresh_name(g, f"{conv}_W_bn"), fresh_name(g, f"{conv}_B_bn")
+        set_constant(g, wname, new_w)
+        set_constant(g, bname, new_b)
+        y = d["outputs"][0]
+        remove_op(g, nid)
+        remove_op(g, conv)
+        add_op(g, conv, "Conv", [c["inputs"][0], wname, bname], [y], c["attrs"], order=c["order"])
+    connect(g)
+    return g
+
+
+def decompose_batchnorm(g: nx.DiGraph) -> nx.DiGraph:
+    """Rewrite each remaining inference BatchNormalization as ``Mul(X, s) -> Add(., t)`` with folded constants."""
+    g = copy_graph(g)
+    for nid in topo_order(g):
+        d = g.nodes[nid]
+        if d["op"] != "BatchNormalization":
+            continue
+        ss = _bn_scale_shift(g, d)
+        x = d["inputs"][0]
+        info = g.graph["tensors"].get(x)
+        if ss is None or info is None or info.shape is None or len(info.shape) < 2:
+            continue
+        dtype = info.dtype
+        bshape = (-1,) + (1,) * (len(info.shape) - 2)
+        sname, tname = fresh_name(g, f"{nid}_scale"), fresh_name(g, f"{nid}_shift")
+        set_constant(g, sname, ss[0].astype(dtype).reshape(bshape))
+        set_constant(g, tname, ss[1].astype(dtype).reshape(bshape))
+        mid = fresh_name(g, f"{nid}_scaled")
+        g.graph["tensors"][mid] = info
+        y = d["outputs"][0]
+        remove_op(g, nid)
+        add_op(g, f"{nid}_mul", "Mul", [x, sname], [mid], order=d["order"])
+        add_op(g, f"{nid}_add", "Add", [mid, tname], [y], order=d["order"])
+    connect(g)
+    return g
+
+
+def eliminate_dead_code(g: nx.DiGraph) -> nx.DiGraph:
+    """Remove nodes that no graph output depends on, and constants nothing reads."""
+    g = copy_graph(g)
+    live = set()
+    for t in g.graph["outputs"]:
+        p = producer(g, t)
+        if p is not None:
+            live.add(p)
+            live |= nx.ancestors(g, p)
+    for nid in [n for n in g.nodes if n not in live]:
+        remove_op(g, nid)
+    read = set(g.graph["outputs"]) | set(g.graph["inputs"])
+    for _, d in g.nodes(data=True):
+        read.update(d["inputs"])
+    g.graph["constants"] = {k: v for k, v in g.graph["constants"].items() if k in read}
+    connect(g)
+    return g
+
+
+def infer_static_shapes(g: nx.DiGraph) -> nx.DiGraph:
+    """Re-run onnx shape inference on the graph; every tensor a node writes must get a static shape."""
+    g = copy_graph(g)
+    model = infer_shapes(to_model(g, weights=False))
+    infos = {}
+    for vi in list(model.graph.value_info) + list(model.graph.output):
+        t = vi.type.tensor_type
+        if t.HasField("shape") and all(dd.HasField("dim_value") for dd in t.shape.dim):
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
+            infos[vi.name] = TensorInfo(tuple(int(dd.dim_value) for dd in t.shape.dim), dtype)
+    for nid in topo_order(g):
+        d = g.nodes[nid]
+        for t in d["outputs"]:
+            if not t:
+                continue
+            if t not in infos:
+                raise ShapeError(f"tensor {t!r} written by node {nid} ({d['op']}) has no static shape "
+                                 f"after shape inference", hint="pin dynamic input dims with input_shapes=")
+            g.graph["tensors"][t] = infos[t]
+    return g
+
+
+def simplify(g: nx.DiGraph) -> nx.DiGraph:
+    """The standard pass pipeline, in order; each step is a pure ``graph -> graph`` function."""
+    g = remove_identities(g)
+    g = fold_constants(g)
+    g = eliminate_common_subexpressions(g)
+    g = fold_batchnorm(g)
+    g = decompose_batchnorm(g)
+    g = fold_constants(g)
+    g = eliminate_dead_code(g)
+    g = infer_static_shapes(g)
+    return g
+
+
+__all__ = ["remove_identities", "fold_constants", "eliminate_common_subexpressions", "fold_batchnorm",
+           "decompose_batchnorm", "eliminate_dead_code", "infer_static_shapes", "simplify", "evaluate_node"]

@@ -1,0 +1,200 @@
+"""Graph passes keep results: onnxruntime on the original model vs on the model re-serialised after the passes.
+
+Also: the load-time errors (dynamic shapes, unsupported ops and attributes) and what each pass removes.
+Needs no compiler.
+"""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from polyc.errors import ShapeError, UnsupportedError
+from polyc.onnx import graph as G
+from polyc.onnx import passes, testing
+from polyc.onnx.fusion import fusion_groups
+from polyc.onnx.load import load_model
+from polyc.onnx.lower import check_supported
+
+ort = pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(0)
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=13):
+    graph = helper.make_graph(nodes, "t", inputs, outputs, initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = max(4, helper.find_min_ir_version_for(list(model.opset_import)))
+    return model
+
+
+def vi(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def const(name, array):
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+def run_ort(model, feeds):
+    return testing.ort_session(model).run(None, feeds)
+
+
+def simplified_model(model):
+    g = passes.simplify(G.from_model(load_model(model)))
+    return g, G.to_model(g)
+
+
+def assert_same(model, feeds, rtol=1e-5, atol=1e-6):
+    g, after = simplified_model(model)
+    onnx.checker.check_model(after)
+    for a, b in zip(run_ort(model, feeds), run_ort(after, feeds)):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+    return g
+
+
+def ops_of(g):
+    return sorted(d["op"] for _, d in g.nodes(data=True))
+
+
+# ---- one-node and small models ----------------------------------------------------------------------------------
+
+def test_constant_folding_of_shape_computations():
+    # Reshape target computed from Shape -> Gather -> Unsqueeze -> Concat: all folds away
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+        helper.make_node("Relu", ["y"], ["z"]),
+    ]
+    inits = [const("zero", np.array(0, np.int64)), const("axes0", np.array([0], np.int64)),
+             const("minus1", np.array([-1], np.int64))]
+    model = make_model(nodes, [vi("x", [2, 3, 4])], [vi("z", [2, 12])], inits)
+    g = assert_same(model, {"x": RNG.standard_normal((2, 3, 4)).astype(np.float32)})
+    assert ops_of(g) == ["Relu", "Reshape"]
+    assert g.graph["tensors"]["z"].shape == (2, 12)
+
+
+def test_constant_of_shape_weights_fold():
+    nodes = [helper.make_node("ConstantOfShape", ["wshape"], ["w"], value=numpy_helper.from_array(np.array([0.5], np.float32))),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]
+    model = make_model(nodes, [vi("x", [3, 4])], [vi("y", [3, 5])], [const("wshape", np.array([4, 5], np.int64))])
+    g = assert_same(model, {"x": RNG.standard_normal((3, 4)).astype(np.float32)})
+    assert ops_of(g) == ["MatMul"]
+    w = g.nodes[next(iter(g.nodes))]["inputs"][1]
+    assert g.graph["constants"][w].shape == (4, 5)
+
+
+def test_identity_and_dropout_removed_output_names_kept():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Dropout", ["a"], ["b"], ratio=0.3),
+             helper.make_node("Identity", ["b"], ["y"])]
+    model = make_model(nodes, [vi("x", [4, 5])], [vi("y", [4, 5])], opset=11)
+    g = assert_same(model, {"x": RNG.standard_normal((4, 5)).astype(np.float32)})
+    assert ops_of(g) == ["Relu"]
+    assert g.graph["outputs"] == ["y"]
+
+
+def test_batchnorm_folds_into_conv():
+    w = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    bn = [RNG.uniform(0.5, 1.5, 8), RNG.standard_normal(8), RNG.standard_normal(8), RNG.uniform(0.5, 1.5, 8)]
+    inits = [const("w", w), const("b", RNG.standard_normal(8).astype(np.float32))] + \
+        [const(n, v.astype(np.float32)) for n, v in zip(["s", "bb", "m", "v"], bn)]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["y"], epsilon=1e-3)]
+    model = make_model(nodes, [vi("x", [1, 3, 9, 9])], [vi("y", [1, 8, 9, 9])])
+    g = assert_same(model, {"x": RNG.standard_normal((1, 3, 9, 9)).astype(np.float32)}, rtol=1e-4, atol=1e-5)
+    assert ops_of(g) == ["Conv"]
+
+
+def test_batchnorm_without_conv_becomes_mul_add():
+    inits = [const(n, RNG.uniform(0.5, 1.5, 4).astype(np.float32)) for n in ["s", "bb", "m", "v"]]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("BatchNormalization", ["r", "s", "bb", "m", "v"], ["y"])]
+    model = make_model(nodes, [vi("x", [2, 4, 3, 3])], [vi("y", [2, 4, 3, 3])], opset=9)
+    g = assert_same(model, {"x": RNG.standard_normal((2, 4, 3, 3)).astype(np.float32)})
+    assert ops_of(g) == ["Add", "Mul", "Relu"]
+
+
+def test_common_subexpressions_merge():
+    nodes = [helper.make_node("Exp", ["x"], ["a"]), helper.make_node("Exp", ["x"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    model = make_model(nodes, [vi("x", [3])], [vi("y", [3])])
+    g = assert_same(model, {"x": RNG.standard_normal(3).astype(np.float32)})
+    assert ops_of(g) == ["Add", "Exp"]
+
+
+def test_dead_code_removed():
+    nodes = [helper.make_node("Exp", ["x"], ["dead"]), helper.make_node("Relu", ["x"], ["y"])]
+    model = make_model(nodes, [vi("x", [3])], [vi("y", [3])])
+    g = assert_same(model, {"x": RNG.standard_normal(3).astype(np.float32)})
+    assert ops_of(g) == ["Relu"]
+
+
+def test_passes_do_not_mutate_their_input():
+    nodes = [helper.make_node("Identity", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    g = G.from_model(load_model(make_model(nodes, [vi("x", [3])], [vi("y", [3])])))
+    before = G.summary(g)
+    passes.simplify(g)
+    assert G.summary(g) == before
+
+
+# ---- errors ---------------------------------------------------------------------------------------------------------
+
+def test_dynamic_input_dim_names_input_and_suggests_input_shapes():
+    model = make_model([helper.make_node("Relu", ["data"], ["y"])], [vi("data", ["batch", 3])], [vi("y", [5, 3])])
+    with pytest.raises(ShapeError) as e:
+        load_model(model)
+    assert "'data'" in str(e.value) and 'input_shapes={"data": (1, 3,)}' in str(e.value)
+    g = G.from_model(load_model(model, input_shapes={"data": (5, 3)}))
+    assert g.graph["tensors"]["data"].shape == (5, 3)
+    assert passes.simplify(g).graph["tensors"]["y"].shape == (5, 3)
+
+
+def test_input_shapes_must_name_an_input():
+    model = make_model([helper.make_node("Relu", ["data"], ["y"])], [vi("data", ["batch", 3])], [vi("y", [5, 3])])
+    with pytest.raises(ShapeError, match="not an input"):
+        load_model(model, input_shapes={"date": (1, 3)})
+
+
+def test_unsupported_ops_are_all_listed_at_once():
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="ok"),
+             helper.make_node("Einsum", ["a", "a"], ["b"], equation="ij,ij->ij", name="bad1"),
+             helper.make_node("TopK", ["b", "k"], ["c", "ci"], name="bad2")]
+    model = make_model(nodes, [vi("x", [3, 4])], [vi("c", [3, 2])], [const("k", np.array([2], np.int64))])
+    g = passes.simplify(G.from_model(load_model(model)))
+    with pytest.raises(UnsupportedError) as e:
+        check_supported(g)
+    text = str(e.value)
+    assert "Einsum on node bad1" in text and "TopK on node bad2" in text and "ok" not in text.replace("TopK", "")
+
+
+def test_unsupported_attribute_names_value_node_and_op():
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect", name="padder")]
+    model = make_model(nodes, [vi("x", [3, 4])], [vi("y", [5, 6])], [const("pads", np.array([1, 1, 1, 1], np.int64))])
+    g = passes.simplify(G.from_model(load_model(model)))
+    with pytest.raises(UnsupportedError, match=r"unsupported attribute mode=reflect on node padder \(Pad\)"):
+        check_supported(g)
+
+
+# ---- the model-zoo light models ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", testing.LIGHT_MODELS)
+def test_light_model_passes_keep_results(name):
+    model = testing.reweight(onnx.load(testing.light_model_path(name)), seed=1)
+    model = testing.expose(model, testing.softmax_inputs(model))
+    g, after = simplified_model(model)
+    ops = ops_of(g)
+    assert "ConstantOfShape" not in ops and "BatchNormalization" not in ops and "Dropout" not in ops
+    inp = g.graph["inputs"][0]
+    x = RNG.standard_normal(g.graph["tensors"][inp].shape).astype(np.float32)
+    for a, b in zip(run_ort(model, {inp: x}), run_ort(after, {inp: x})):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * (np.abs(a).max() + 1e-6))
+    check_supported(g)
+    assert fusion_groups(g)
+
+
+def test_unweighted_light_model_folds_every_constant_of_shape():
+    g = passes.simplify(G.from_model(load_model(testing.light_model_path("resnet50"))))
+    assert all(d["op"] not in ("ConstantOfShape", "BatchNormalization") for _, d in g.nodes(data=True))
+    assert sum(d["op"] == "Conv" for _, d in g.nodes(data=True)) == 53
