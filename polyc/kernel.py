@@ -31,7 +31,7 @@ from .poly.build import build_scop
 from .poly.deps import compute_dependences
 from .poly.schedule import compute_schedule
 from .poly.strategy import optimize
-from .poly.verify import check_schedule
+from .poly.verify import check_schedule, respects
 from .runtime import cache
 
 __version__ = "0.1.0"
@@ -92,7 +92,7 @@ def compile_stages(checked: L.CheckedDef, sizes: dict, options: Options, target)
     schedule = compute_schedule(scop, deps, options)
     debug.log_stage("schedule", schedule, t)
     t = time.perf_counter()
-    transformed = optimize(schedule, scop, target, options)
+    transformed = optimize(schedule, scop, target, options, verify=lambda s: respects(s, scop, deps))
     debug.log_stage("transformed", transformed, t)
     if verifying():
         check_schedule(schedule, scop, deps, "schedule")

@@ -197,6 +197,12 @@ def _depthwise_ref(x, f):
 
 CONV_CASES = [
     KernelCase("conv2d", "conv2d", _conv_inputs, lambda x, f: _f32(conv_nchw(x, f)), CONV_SHAPES, _conv_terms),
+    KernelCase("conv2d", "conv2d_3x3",
+               lambda r, s: (normal(r, s["N"], s["C"], s["H"], s["W"]), normal(r, s["M"], s["C"], 3, 3)),
+               lambda x, f: _f32(conv_nchw(x, f)),
+               (dict(N=1, C=1, H=3, W=3, M=1), dict(N=2, C=3, H=7, W=5, M=5), dict(N=1, C=13, H=4, W=11, M=2),
+                dict(N=1, C=3, H=35, W=37, M=4)),
+               lambda s: 9 * s["C"]),
     KernelCase("conv2d", "conv2d_bias",
                lambda r, s: _conv_inputs(r, s) + (normal(r, s["M"]),),
                lambda x, f, b: _f32(conv_nchw(x, f) + b.astype(F64)[None, :, None, None]),
@@ -299,6 +305,16 @@ def _unary(name, fn, make=None):
     return KernelCase("elementwise", name, make, lambda x, *rest: _f32(fn(x.astype(F64), *rest)), EW_SHAPES)
 
 
+def _sinusoids(t_n, d_n):
+    # column pairs (2k, 2k+1) share the frequency 10000^(-2k/D); even columns take sin, odd ones cos
+    pos = np.arange(t_n, dtype=F64)[:, None]
+    freq = 10000.0 ** (-(2 * (np.arange(d_n) // 2)) / d_n)
+    table = np.empty((t_n, d_n))
+    table[:, 0::2] = np.sin(pos * freq[None, 0::2])
+    table[:, 1::2] = np.cos(pos * freq[None, 1::2])
+    return table
+
+
 def _two(r, s, dtype=F32):
     return normal(r, s["M"], s["N"], dtype=dtype), normal(r, s["M"], s["N"], dtype=dtype)
 
@@ -324,6 +340,11 @@ ELEMENTWISE_CASES = [
     _unary("softplus", lambda x: np.logaddexp(0.0, x)),
     _unary("clip", lambda x, lo, hi: np.clip(x, float(lo), float(hi)),
            lambda r, s: (normal(r, s["M"], s["N"]), np.array(-0.5, dtype=F32), 0.75)),
+    _unary("frac", lambda x: x - np.floor(x)),
+    KernelCase("elementwise", "positional_encoding", lambda r, s: (normal(r, s["T"], s["D"]),),
+               lambda x: _f32(x.astype(F64) + _sinusoids(*x.shape)),
+               (dict(T=1, D=1), dict(T=3, D=5), dict(T=13, D=8), dict(T=50, D=64)), lambda s: 1 + s["T"]),
+    KernelCase("elementwise", "greater", _two, lambda a, b: np.greater(a, b), EW_SHAPES),
     KernelCase("elementwise", "add", _two, lambda a, b: a + b, EW_SHAPES),
     KernelCase("elementwise", "mul", _two, lambda a, b: _f32(a.astype(F64) * b), EW_SHAPES),
     KernelCase("elementwise", "add_row", lambda r, s: (normal(r, s["M"], s["N"]), normal(r, s["N"])),
@@ -345,6 +366,10 @@ ELEMENTWISE_CASES = [
     KernelCase("elementwise", "relu_i32", _i32_one, lambda x: np.maximum(x, 0).astype(I32), EW_SHAPES),
     KernelCase("elementwise", "divmod_i32", _i32_one,
                lambda x: (np.floor_divide(x, 3).astype(I32), np.mod(x, 3).astype(I32)), EW_SHAPES),
+    KernelCase("elementwise", "abs_i32", _i32_one, lambda x: np.abs(x), EW_SHAPES),
+    KernelCase("elementwise", "dequantize_u8",
+               lambda r, s: (ints(r, 0, 256, s["M"], s["N"], dtype=np.uint8), np.array(0.05, dtype=F32), 128),
+               lambda q, scale, zp: ((q.astype(I32) - zp).astype(F32) * F32(scale)), EW_SHAPES),
     KernelCase("elementwise", "int_to_float", _i32_one, lambda x: x.astype(F32) * F32(0.5), EW_SHAPES),
 ]
 

@@ -261,6 +261,26 @@ def test_parallel_with_one_thread_is_sequential():
     check_matmul(arrays)
 
 
+def test_vector_loops_inside_parallel_chunks():
+    scop = matmul_scop(m=9, n=45)
+    text, jit = compile_scop(scop, matmul_schedule(scop, vector=True, outer_mark="parallel"), Options(threads=2))
+    assert "pthread_create" in text and " x float>" in text
+    arrays = matmul_arrays(m=9, n=45)
+    arrays["C"] = np.full((9, 45), np.nan, "float32")
+    assert call_kernel(jit, scop, arrays) == 0
+    check_matmul(arrays)
+
+
+def test_naive_options_ignore_parallel_and_vector_marks():
+    scop = matmul_scop()
+    text, jit = compile_scop(scop, matmul_schedule(scop, vector=True, outer_mark="parallel"), Options.naive())
+    assert "pthread_create" not in text and " x float>" not in text
+    arrays = matmul_arrays()
+    arrays["C"] = np.zeros((M, N), "float32")
+    assert call_kernel(jit, scop, arrays) == 0
+    check_matmul(arrays)
+
+
 def test_parallel_loop_inside_a_sequential_loop():
     """``for m: parallel for n: C(m,n) = A(m,n) * 2`` spawns threads on every m iteration."""
     s = statement("S0", {"m": 5, "n": 9}, "C", ("m", "n"), "=", binary("*", read("A", "float32", "m", "n"),

@@ -102,7 +102,7 @@ def test_batchnorm_folds_into_conv():
         [const(n, v.astype(np.float32)) for n, v in zip(["s", "bb", "m", "v"], bn)]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["y"], epsilon=1e-3)]
-    model = make_model(nodes, [vi("x", [1, 3, 9, 9])], [vi("y", [1, 8, 9, 9])])
+    model = make_model(nodes, [vi("x", [1, 3, 9, 9])], [vi("y", [1, 8, 9, 9])], inits)
     g = assert_same(model, {"x": RNG.standard_normal((1, 3, 9, 9)).astype(np.float32)}, rtol=1e-4, atol=1e-5)
     assert ops_of(g) == ["Conv"]
 
@@ -111,7 +111,7 @@ def test_batchnorm_without_conv_becomes_mul_add():
     inits = [const(n, RNG.uniform(0.5, 1.5, 4).astype(np.float32)) for n in ["s", "bb", "m", "v"]]
     nodes = [helper.make_node("Relu", ["x"], ["r"]),
              helper.make_node("BatchNormalization", ["r", "s", "bb", "m", "v"], ["y"])]
-    model = make_model(nodes, [vi("x", [2, 4, 3, 3])], [vi("y", [2, 4, 3, 3])], opset=9)
+    model = make_model(nodes, [vi("x", [2, 4, 3, 3])], [vi("y", [2, 4, 3, 3])], inits, opset=9)
     g = assert_same(model, {"x": RNG.standard_normal((2, 4, 3, 3)).astype(np.float32)})
     assert ops_of(g) == ["Add", "Mul", "Relu"]
 

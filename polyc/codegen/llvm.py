@@ -243,10 +243,14 @@ def emit_statement(env: X.Env, stmt: PolyStatement, b: ir.IRBuilder) -> None:
 # ---- for loops ----
 
 def emit_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block, mark: str | None = None) -> ir.Block:
-    """A ``for`` node, emitted as its mark asks (see the module docstring); unmarked loops are sequential."""
-    if mark == "parallel":
+    """A ``for`` node, emitted as its mark asks (see the module docstring); unmarked loops are sequential.
+
+    ``options.parallel=False`` / ``options.vectorize=False`` turn "parallel" / "vector" marks into plain
+    loops, so ``Options.naive()`` gives scalar sequential code whatever the schedule says.
+    """
+    if mark == "parallel" and k.options.parallel:
         return emit_parallel_for(k, r, node, block)
-    if mark == "vector":
+    if mark == "vector" and k.options.vectorize:
         from .vector import emit_vector_for  # vector.py builds on this module
         return emit_vector_for(k, r, node, block)
     if mark == "unroll":

@@ -1,7 +1,7 @@
 """numpy ``einsum`` subscripts → TC source text.
 
     >>> text, name = einsum_source("ij,jk->ik", [(2, 3), (3, 4)], ["float32", "float32"])
-    >>> print(text)
+    >>> print(text, end="")
     def einsum_ij_jk_to_ik(float32(N_i, N_j) in0, float32(N_j, N_k) in1) -> (float32(N_i, N_k) out) {
         out(i, k) +=! in0(i, j) * in1(j, k)
     }
@@ -31,7 +31,10 @@ def einsum_source(subscripts: str, shapes: list, dtypes: list) -> tuple[str, str
     if len(dtypes) != len(shapes):
         raise PolycError(f"einsum got {len(shapes)} shapes but {len(dtypes)} dtypes",
                          hint="give one dtype per operand")
-    shapes = [tuple(int(n) for n in s) for s in shapes]
+    try:
+        shapes = [tuple(int(n) for n in s) for s in shapes]
+    except (TypeError, ValueError) as e:
+        raise ShapeError(f"einsum shapes must be tuples of integers, got {shapes!r}") from e
     names = [canonical_dtype(d) for d in dtypes]
     extents = letter_extents(subscripts, inputs, shapes)
     result = np.result_type(*[np.dtype(d) for d in names]).name if names else "float32"

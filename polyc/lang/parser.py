@@ -4,8 +4,8 @@ A recursive-descent parser over the tokens of :mod:`polyc.lang.lexer`; expressio
 (lowest to highest: ``?:``, ``||``, ``&&``, ``== !=``, ``< <= > >=``, ``+ -``, ``* / %``, unary ``- !``)::
 
     >>> p = parse("def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }")
-    >>> p.defs[0].statements[0].rhs
-    Binary(op='+', lhs=Access(tensor='A', args=(Ident(name='i', ...),), ...), ...)
+    >>> p.defs[0].statements[0].rhs == A.Binary("+", A.Access("A", (A.Ident("i"),)), A.Access("B", (A.Ident("i"),)))
+    True
 
 ``NAME(args)`` is a :class:`Cast` when ``NAME`` is a type, a :class:`Call` when it is one of
 :data:`~polyc.lang.ast.BUILTINS`, and a tensor :class:`Access` otherwise. The parser raises only

@@ -3,6 +3,7 @@
 ``parse(format_program(p)) == p`` for every parsed program (spans aside). Parentheses are written only where
 precedence needs them, so the parser's tree comes back exactly::
 
+    >>> from polyc.lang import parse
     >>> s = parse("def f(float(N) a, float(N) b) -> (c) { c(i) = (a(i) + b(i)) * -a(i) }").defs[0].statements[0]
     >>> format_statement(s)
     'c(i) = (a(i) + b(i)) * -a(i)'

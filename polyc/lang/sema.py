@@ -6,6 +6,7 @@ tensor or index, and a hint that says what to do. The typed AST it returns follo
 docstring of :mod:`polyc.lang.ast` (every expression typed, implicit conversions as explicit casts, lets
 substituted). Range inference is not done here (see ``polyc.poly``).
 
+    >>> from polyc.lang import parse
     >>> d = parse("def mv(float(M,K) A, float(K) x) -> (y) { y(m) +=! A(m,k) * x(k) }").defs[0]
     >>> c = check_def(d)
     >>> c.statements[0].lhs_indices, c.statements[0].reduction_indices, c.tensor("y").dtype

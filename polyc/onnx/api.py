@@ -106,6 +106,15 @@ class CompiledModel:
         """The model's outputs (numpy arrays, in ``output_names`` order) for ``feeds`` (input name -> array)."""
         return self.executor.run(self.check_feeds(feeds))
 
+    def profile(self, feeds: Mapping[str, np.ndarray], repeat: int = 1) -> list:
+        """``(seconds, group, kernel name)`` per kernel group, slowest first, averaged over ``repeat`` runs."""
+        times: dict = {}
+        checked = self.check_feeds(feeds)
+        for _ in range(repeat):
+            self.executor.run(checked, profile=times)
+        names = {s.group: s.name for s in self.steps}
+        return sorted(((t / repeat, g, names[g]) for g, t in times.items()), reverse=True)
+
     def __call__(self, *args, **feeds):
         """``model(x)`` (positional, in input order), ``model(feeds_dict)`` or ``model(name=array)``."""
         if len(args) == 1 and isinstance(args[0], Mapping):

@@ -9,8 +9,6 @@ other harnesses can run it::
 from __future__ import annotations
 
 import numpy as np
-import onnx
-from onnx import helper
 from onnx.backend.base import Backend, BackendRep
 
 from .api import CompiledModel, compile as _compile
@@ -59,16 +57,12 @@ class PolycBackend(Backend):
     @classmethod
     def run_node(cls, node, inputs, device: str = "CPU", outputs_info=None, **kwargs):
         """Run one NodeProto on numpy ``inputs`` (by building a one-node model)."""
-        opset = kwargs.get("opset_version", onnx.defs.onnx_opset_version())
+        from .testing import one_node_model
+
         names = [n for n in node.input if n]
-        arrays = [np.asarray(a) for a in inputs]
-        vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-               for n, a in zip(names, arrays)]
-        outs = [helper.make_tensor_value_info(n, 0, None) for n in node.output if n]
-        graph = helper.make_graph([node], "run_node", vis, outs)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-        model.ir_version = max(4, helper.find_min_ir_version_for(list(model.opset_import)))
-        return cls.prepare(model, device).run(dict(zip(names, arrays)))
+        feeds = {n: np.asarray(a) for n, a in zip(names, inputs)}
+        model = one_node_model(node, feeds, opset=kwargs.get("opset_version"))
+        return cls.prepare(model, device).run(feeds)
 
 
 prepare = PolycBackend.prepare

@@ -9,6 +9,7 @@ picks the implementation.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,14 +81,22 @@ class PythonExecutor:
         shape = self.program.tensors[name].shape if name in self.program.tensors else base.shape
         return base if base.shape == shape or shape is None else base.reshape(shape)
 
-    def run(self, feeds: dict) -> list:
-        """Run every step; ``feeds`` are checked, C-contiguous arrays keyed by input name."""
+    def run(self, feeds: dict, profile: dict | None = None) -> list:
+        """Run every step; ``feeds`` are checked, C-contiguous arrays keyed by input name.
+
+        With a ``profile`` dict, each step's seconds are added under its group name.
+        """
         for step in self.program.steps:
             args = [self._array(t, feeds) for t in step.inputs]
             outs = [self._array(t, feeds) for t in step.outputs]
             pointers = [a.ctypes.data for a in args] + [o.ctypes.data for o in outs] + \
                 [t.ctypes.data for t in self.temps[id(step.compiled)]]
-            step.compiled.run_pointers(pointers)
+            if profile is None:
+                step.compiled.run_pointers(pointers)
+            else:
+                t = time.perf_counter()
+                step.compiled.run_pointers(pointers)
+                profile[step.group] = profile.get(step.group, 0.0) + time.perf_counter() - t
         results = []
         for name in self.program.outputs:
             value = self._array(name, feeds)

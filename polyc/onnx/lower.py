@@ -64,9 +64,9 @@ def lit(value, dtype=np.float32) -> str:
     return f"({text})" if text.startswith("-") else text
 
 
-#: Write ``k*e`` in index expressions as ``e+e+...`` (k terms): works around the core's isl text for
-#: constant multiplication, ``(2) * (i)``, which isl does not parse (see the report). Set False once fixed.
-MUL_AS_SUM = True
+#: Write ``k*e`` in index expressions as ``e+e+...`` (k terms). It worked around the core writing isl text for
+#: constant multiplication as ``(2) * (i)``, which isl does not parse; fixed in the core, so off.
+MUL_AS_SUM = False
 
 
 def times(k: int, expr: str) -> str:

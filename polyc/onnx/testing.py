@@ -117,3 +117,25 @@ def expose(model: onnx.ModelProto, names) -> onnx.ModelProto:
         if name not in have:
             out.graph.output.append(inferred[name])
     return out
+
+
+def one_node_model(node: onnx.NodeProto, inputs: dict, initializers: dict | None = None,
+                   opset: int | None = None) -> onnx.ModelProto:
+    """A model of one node: ``inputs`` (name -> array) become typed graph inputs, ``initializers`` constants;
+    output types come from onnx shape inference."""
+    from onnx import helper
+
+    opset = opset or onnx.defs.onnx_opset_version()
+    initializers = initializers or {}
+    vis = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(a).dtype), np.shape(a))
+           for n, a in inputs.items()]
+    inits = [numpy_helper.from_array(np.asarray(a), n) for n, a in initializers.items()]
+    outs = [helper.make_empty_tensor_value_info(n) for n in node.output if n]
+    graph = helper.make_graph([node], f"one_{node.op_type}", vis, outs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = max(4, helper.find_min_ir_version_for(list(model.opset_import)))
+    inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    typed = [inferred.get(o.name, o) for o in graph.output]
+    del model.graph.output[:]
+    model.graph.output.extend(typed)
+    return model

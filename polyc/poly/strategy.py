@@ -1,23 +1,41 @@
-"""The CPU strategy: from isl's schedule tree to a tiled, marked tree, every decision derived.
+"""The CPU strategy: from isl's schedule tree to a tiled, register-tiled, marked tree, every decision derived.
 
-Steps (in the manner of TC's ``MappedScop::makeSequential``), each switchable in :class:`~polyc.options.Options`:
+For each outermost band of isl's tree (in the manner of TC's numbered ``MappedScop`` steps), looking at its
+*main statement* (the statement of the band with the most indices, preferring updates to initialisations):
 
-1. tile each outermost permutable band (``band_tile``) with ``options.tile_sizes`` or sizes derived from the
-   target's caches and the band's extents;
-2. mark the outermost coincident loop ``parallel`` when the kernel has enough work for the threads.
+1. **classify members**: coincident members (``P``, no dependence carried: parallel, vectorisable) and the
+   others (``R``, reductions). The *vector member* ``v`` is the coincident member that is the innermost,
+   stride-1 index of the main statement's write, with every read stride-0 or stride-1 in it. The *unroll
+   member* ``u`` is the coincident member in which the most vector-loaded reads are invariant (so one loaded
+   vector feeds every unrolled copy: ``m`` for matmul, the output channel for a convolution).
+2. **reorder** the permutable band to ``[P - {u, v}, u, v, R]`` (``band_permute``);
+3. **cache tile** it (``band_tile``) with ``options.tile_sizes`` or sizes derived from the target's L2 cache
+   and the band's extents; mark the outermost tile loop ``parallel`` when it is coincident and the kernel has
+   enough work;
+4. **register tile**: split the point band into ``[P - {u, v}]``, ``[u, v]`` and ``[R]``; tile ``[u, v]`` by
+   ``(MR, NR)`` (``NR`` = two vectors); sink ``[R]`` and then the ``[ur, vr]`` point band below the statement
+   sequence (``band_sink``: loop distribution, so an initialisation runs before the reduction that uses it),
+   so each statement's innermost loops are ``R, ur, vr``: the reduction loop updates an ``MR x NR`` block of
+   accumulators that LLVM keeps in registers;
+5. **marks**: ``unroll`` on ``ur``, ``vector`` on ``vr`` (codegen emits them as unrolled copies and LLVM vector
+   code of the target's width).
 
-``target`` is duck-typed: it needs ``cores`` and ``l1d_bytes``/``l2_bytes`` (see ``polyc.codegen.target``).
+Every step is checked: when a step would break a dependence (the verifier's test), the band keeps the
+previous tree. ``target`` is duck-typed: ``cores``, ``vector_bits``, ``l2_bytes`` (``polyc.codegen.target``).
 """
 from __future__ import annotations
 
 import islpy as isl
 
+from ..lang import ast as L
 from ..options import Options
-from .scop import Scop
-from .transforms import band_coincident, band_extents, band_split, band_tile, bands, insert_mark
+from .affine import affine_text, children, isl_name
+from .scop import PolyStatement, Scop
+from .transforms import (band_coincident, band_extents, band_permute, band_split, band_tile, bands,
+                         insert_mark, member_index)
 
 #: Below this many statement instances a kernel stays single-threaded (thread start-up would dominate).
-PARALLEL_MIN_WORK = 1 << 15
+PARALLEL_MIN_WORK = 1 << 16
 
 
 def work(scop: Scop) -> int:
@@ -37,36 +55,260 @@ def threads(options: Options, target) -> int:
     return options.threads or getattr(target, "cores", 1) or 1
 
 
-def optimize(schedule: isl.Schedule, scop: Scop, target, options: Options) -> isl.Schedule:
-    """Apply the CPU strategy to every outermost band of ``schedule``; returns the new schedule."""
+def lanes(scop: Scop, target) -> int:
+    """Vector lanes for the widest element type of ``scop`` on ``target``."""
+    widest = max((8 * _itemsize(t.dtype) for t in scop.tensors), default=32)
+    return max(1, getattr(target, "vector_bits", 256) // widest)
+
+
+def _itemsize(dtype: str) -> int:
+    return {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4,
+            "float32": 4}.get(dtype, 8)
+
+
+def optimize(schedule: isl.Schedule, scop: Scop, target, options: Options, verify=None) -> isl.Schedule:
+    """Apply the CPU strategy to every outermost band of ``schedule``; returns the new schedule.
+
+    ``verify(schedule) -> bool`` says whether a tree respects the dependences; each band's transformation is
+    kept only if it does (without ``verify`` every step is trusted).
+    """
     count = len(bands(schedule))
     parallel = options.parallel and threads(options, target) > 1 and work(scop) >= PARALLEL_MIN_WORK
     for i in range(count):
         node = bands(schedule)[i]
-        node = optimize_band(node, options, parallel)
-        schedule = node.get_schedule()
+        try:
+            candidate = optimize_band(node, scop, target, options, parallel).get_schedule()
+        except isl.Error:
+            continue
+        if verify is None or verify(candidate):
+            schedule = candidate
+        else:
+            candidate = simple_band(node, options, parallel).get_schedule()
+            if verify(candidate):
+                schedule = candidate
     return schedule
 
 
-def tile_sizes(node: isl.ScheduleNode, options: Options) -> list[int]:
-    """Tile sizes for a band: the option (cycled to the band's width) or 32 per member, never larger than
-    the member's extent."""
-    n = node.band_n_member()
-    extents = band_extents(node)
-    if options.tile_sizes:
-        sizes = [options.tile_sizes[k % len(options.tile_sizes)] for k in range(n)]
-    else:
-        sizes = [32] * n
-    return [max(1, min(s, e)) for s, e in zip(sizes, extents)]
-
-
-def optimize_band(node: isl.ScheduleNode, options: Options, parallel: bool) -> isl.ScheduleNode:
-    """Tile and mark one outermost band; returns a node inside the same tree."""
+def simple_band(node: isl.ScheduleNode, options: Options, parallel: bool) -> isl.ScheduleNode:
+    """The fallback: tile the band as isl gave it and mark its outermost coincident loop parallel."""
     coincident = band_coincident(node)
     if options.tile and node.band_get_permutable() and node.band_n_member() >= 2:
-        node = band_tile(node, tile_sizes(node, options))
+        node = band_tile(node, [32] * node.band_n_member())
     if parallel and coincident and coincident[0]:
         if node.band_n_member() > 1:
             node = band_split(node, 1)
         node = insert_mark(node, "parallel")
     return node
+
+
+# ---- step 1: classify the band's members -------------------------------------------------------------
+
+def main_statement(node: isl.ScheduleNode, scop: Scop) -> PolyStatement | None:
+    """The statement of the band with the most indices (updates before initialisations)."""
+    domain = node.get_domain()
+    names = set()
+    domain.foreach_set(lambda s: names.add(s.get_tuple_name()))
+    candidates = [s for s in scop.statements if s.name in names]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda s: (len(s.indices), s.op != "init"))
+
+
+def _reads(expr: L.Expr) -> list[L.Access]:
+    found = []
+    if isinstance(expr, L.Access):
+        found.append(expr)
+    for c in children(expr):
+        found.extend(_reads(c))
+    return found
+
+
+def element_stride(args, shape, index: str, indices, sizes) -> int | None:
+    """How many elements the access ``T(args)`` moves when ``index`` grows by one (``None``: not affine)."""
+    names = list(indices)
+    dims = ", ".join(isl_name(n) for n in names)
+    stride, total = 1, 0
+    for arg, extent in reversed(list(zip(args, shape))):
+        text = affine_text(arg, set(names), sizes)
+        if text is None:
+            return None
+        aff = isl.Aff(f"{{ [{dims}] -> [({text})] }}")
+        if aff.dim(isl.dim_type.div) and index in _names_in(arg):
+            return None
+        coefficient = int(aff.get_coefficient_val(isl.dim_type.in_, names.index(index)).to_python())
+        total += coefficient * stride
+        stride *= extent
+    return total
+
+
+def _names_in(expr) -> set[str]:
+    found = set()
+    if isinstance(expr, L.Ident):
+        found.add(expr.name)
+    for c in children(expr):
+        found |= _names_in(c)
+    return found
+
+
+def access_strides(stmt: PolyStatement, scop: Scop, index: str):
+    """``(write stride, [read strides])`` of ``stmt`` along ``index``; a gather read gives ``None``."""
+    lhs_args = [L.Ident(n, None, "int32", "index") for n in stmt.lhs]
+    write = element_stride(lhs_args, scop.tensor(stmt.tensor).shape, index, stmt.indices, scop.sizes)
+    reads = [element_stride(a.args, scop.tensor(a.tensor).shape, index, stmt.indices, scop.sizes)
+             for a in _reads(stmt.rhs)]
+    return write, reads
+
+
+def choose_members(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop):
+    """``(u, v)``: the unroll and vector members of the band (positions, or ``None``)."""
+    coincident = band_coincident(node)
+    index_of = [member_index(node, k, stmt) for k in range(node.band_n_member())]
+    v = None
+    for k in range(node.band_n_member()):
+        if not coincident[k] or index_of[k] is None or index_of[k] not in stmt.lhs:
+            continue
+        write, reads = access_strides(stmt, scop, index_of[k])
+        if write == 1 and all(r in (0, 1) for r in reads):
+            v = k
+    if v is None:
+        return None, None
+    vector_reads = [a for a, s in zip(_reads(stmt.rhs), access_strides(stmt, scop, index_of[v])[1]) if s == 1]
+    best, u = 0, None
+    for k in range(node.band_n_member()):
+        if k == v or not coincident[k] or index_of[k] is None:
+            continue
+        invariant = sum(
+            element_stride(a.args, scop.tensor(a.tensor).shape, index_of[k], stmt.indices, scop.sizes) == 0
+            for a in vector_reads)
+        if invariant > best or (invariant == best and u is not None and invariant > 0):
+            best, u = invariant, k
+    return u, v
+
+
+# ---- steps 2-5 ----------------------------------------------------------------------------------------
+
+def register_tile_sizes(options: Options, vector_lanes: int) -> tuple[int, int]:
+    """``(MR, NR)``: the option, else 6 rows by two vectors."""
+    if options.register_tile_sizes:
+        sizes = tuple(options.register_tile_sizes) + (2 * vector_lanes,)
+        return sizes[0], sizes[1]
+    return 6, 2 * vector_lanes
+
+
+def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target, mr: int, nr: int):
+    """Tile sizes for the reordered band: the option, else ``u`` 96 rows (a multiple of MR), ``v`` 256
+    columns (a multiple of NR), reductions 256 deep, other coincident members 8, none above its extent."""
+    if options.tile_sizes:
+        sizes = [options.tile_sizes[j % len(options.tile_sizes)] for j in range(len(order))]
+    else:
+        sizes = []
+        for k in order:
+            if k == u:
+                sizes.append(16 * mr)
+            elif k == v:
+                sizes.append(max(nr, 256 // nr * nr))
+            elif not coincident[k]:
+                sizes.append(256)
+            else:
+                sizes.append(8)
+    multiple = {u: mr, v: nr}
+    clipped = []
+    for size, k in zip(sizes, order):
+        step = multiple.get(k, 1)
+        clipped.append(max(1, min(size, -(-extents[k] // step) * step)))
+    return clipped
+
+
+def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, parallel: bool):
+    """Steps 1-5 on one outermost band; returns a node of the new tree."""
+    stmt = main_statement(node, scop)
+    if stmt is None or not node.band_get_permutable():
+        return simple_band(node, options, parallel)
+    coincident = band_coincident(node)
+    n = node.band_n_member()
+    u, v = choose_members(node, stmt, scop) if (options.vectorize or options.register_tile) else (None, None)
+    if not options.register_tile:
+        u = None
+    P = [k for k in range(n) if coincident[k] and k not in (u, v)]
+    R = [k for k in range(n) if not coincident[k]]
+    order = P + [k for k in (u, v) if k is not None] + R
+    extents = band_extents(node)
+    mr, nr = register_tile_sizes(options, lanes(scop, target))
+    node = band_permute(node, order)
+    band_path = path_of(node)
+    if options.tile:
+        node = band_tile(node, cache_tile_sizes(order, u, v, coincident, extents, options, target, mr, nr))
+        node = node.child(0)
+    if v is not None:
+        node = _point_loops(node, len(P), u is not None, len(R), mr, nr)
+    node = node_at(node.get_schedule(), band_path)
+    if parallel and coincident[order[0]]:
+        if node.band_n_member() > 1:
+            node = band_split(node, 1)
+        node = insert_mark(node, "parallel")
+    return node
+
+
+def path_of(node: isl.ScheduleNode) -> tuple[int, ...]:
+    """The child positions leading from the root to ``node``."""
+    path = []
+    while node.has_parent():
+        path.append(node.get_child_position())
+        node = node.parent()
+    return tuple(reversed(path))
+
+
+def node_at(schedule: isl.Schedule, path: tuple[int, ...]) -> isl.ScheduleNode:
+    """The node of ``schedule`` at ``path`` (see :func:`path_of`)."""
+    node = schedule.get_root()
+    for k in path:
+        node = node.child(k)
+    return node
+
+
+def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: int, nr: int):
+    """Register-tile and mark the point band ``[P, u, v, R]`` (steps 4 and 5); returns a node of the tree."""
+    node = point
+    if n_p:
+        node = band_split(node, n_p).child(0)  # [u, v, R]
+    width = 1 + int(has_u)
+    if n_r:
+        node = band_split(node, width)  # [u, v] over [R]
+    node = band_tile(node, [mr, nr] if has_u else [nr])
+    inner = node.child(0)  # [ur, vr]
+    inner_path = path_of(inner)
+    # sink every band below [ur, vr] (the reduction band and any band isl nested under the outer one), top
+    # down, then [ur, vr] itself: band_sink puts a band at the bottom of each leaf, so every statement
+    # ends with its own copy of the loops in the original order, then ur, vr
+    below = inner.child(0)
+    while below.get_type() == isl.schedule_node_type.band:
+        below = below.band_sink()
+    inner = below.parent().band_sink()
+    schedule = inner.get_schedule()
+    for leaf in reversed(_leaf_bands(node_at(schedule, inner_path), width)):
+        band = node_at(schedule, leaf)
+        if width == 2:
+            band = insert_mark(band_split(band, 1), "unroll").child(0)
+        schedule = insert_mark(band, "vector").get_schedule()
+    return node_at(schedule, inner_path)
+
+
+def _leaf_bands(top: isl.ScheduleNode, width: int) -> list[tuple[int, ...]]:
+    """Paths of the bands of ``width`` members below ``top`` that have no band below them (the sunk
+    register-tile bands)."""
+    found = []
+
+    def has_band_below(node):
+        return any(node.child(k).get_type() == isl.schedule_node_type.band or has_band_below(node.child(k))
+                   for k in range(node.n_children()))
+
+    def visit(node):
+        if node.get_type() == isl.schedule_node_type.band and node.band_n_member() == width \
+                and not has_band_below(node):
+            found.append(path_of(node))
+            return
+        for k in range(node.n_children()):
+            visit(node.child(k))
+
+    visit(top)
+    return found

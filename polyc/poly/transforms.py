@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import islpy as isl
 
+from .affine import isl_name
+
 #: Mark names understood by codegen: the ``for`` right below the mark is run in parallel / vectorised /
 #: unrolled.
 MARKS = ("parallel", "vector", "unroll")
@@ -73,3 +75,47 @@ def bands(schedule: isl.Schedule) -> list[isl.ScheduleNode]:
 
     visit(schedule.get_root())
     return found
+
+
+def band_permute(node: isl.ScheduleNode, order: list[int]) -> isl.ScheduleNode:
+    """Reorder the members of a permutable band: member ``order[j]`` becomes member ``j``.
+
+    ``[{ S[m,n,k] -> [(m)] }, { S[m,n,k] -> [(n)] }, { S[m,n,k] -> [(k)] }]`` with ``order = [2, 0, 1]``
+    becomes ``[{ ... -> [(k)] }, { ... -> [(m)] }, { ... -> [(n)] }]``. Legal for any order because the band
+    is permutable (checked). Coincidence flags move with their members.
+    """
+    if not node.band_get_permutable() and order != sorted(order):
+        raise ValueError("only a permutable band can be permuted")
+    if order == list(range(node.band_n_member())):
+        return node
+    mupa = node.band_get_partial_schedule()
+    coincident = band_coincident(node)
+    upas = isl.UnionPwAffList.alloc(isl.DEFAULT_CONTEXT, len(order))
+    for k in order:
+        upas = upas.add(mupa.get_at(k))
+    space = mupa.get_space()
+    new = isl.MultiUnionPwAff.from_union_pw_aff_list(space, upas)
+    node = node.delete().insert_partial_schedule(new)
+    node = node.band_set_permutable(1)
+    for j, k in enumerate(order):
+        node = node.band_member_set_coincident(j, int(coincident[k]))
+    return node
+
+
+def member_index(node: isl.ScheduleNode, member: int, stmt) -> str | None:
+    """The index of statement ``stmt`` that band member ``member`` schedules as itself (``{ S[i, j] -> [(j)] }``
+    gives ``"j"``), or ``None`` when the member is another function of the indices or does not cover ``stmt``."""
+    upa = node.band_get_partial_schedule().get_at(member)
+    umap = isl.UnionMap.from_union_pw_aff(upa)
+    found = []
+    umap.foreach_map(lambda m: found.append(m) if m.get_tuple_name(isl.dim_type.in_) == stmt.name else None)
+    if not found:
+        return None
+    m = found[0].intersect_domain(stmt.domain)
+    names = list(stmt.indices)
+    dims = ", ".join(isl_name(n) for n in names)
+    for n in names:
+        candidate = isl.Map(f"{{ {stmt.name}[{dims}] -> [{isl_name(n)}] }}").intersect_domain(stmt.domain)
+        if candidate.is_equal(m):
+            return n
+    return None

@@ -27,3 +27,12 @@ def check_schedule(schedule: isl.Schedule, scop: Scop, deps: Dependences, stage:
     backwards = time.intersect(isl.Map.lex_ge(time.get_space().domain()))
     if not backwards.is_empty():
         raise CompileError(f"{stage}: the schedule of '{scop.name}' violates dependences {backwards}")
+
+
+def respects(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> bool:
+    """Whether ``schedule`` passes :func:`check_schedule` (used by the strategy to reject a transformation)."""
+    try:
+        check_schedule(schedule, scop, deps, "candidate")
+    except CompileError:
+        return False
+    return True
