@@ -13,6 +13,7 @@ polyc and zero-initialised, so ``+=`` without ``!`` accumulates onto zeros.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import sys
 import time
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import debug
-from .codegen import compile_module, emit_kernel, host_target, load_object, new_module
+from .codegen import compile_module, emit_entry, emit_kernel, host_target, load_object, new_module
 from .errors import PolycError, ShapeError
 from .lang import ast as L
 from .lang import check_def, parse
@@ -79,9 +80,10 @@ class Stages:
         raise PolycError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
 
 
-def compile_stages(checked: L.CheckedDef, sizes: dict, options: Options, target) -> Stages:
-    """The pipeline: CheckedDef + sizes → Scop → dependences → schedule → CPU transforms → isl AST → LLVM IR
-    → native code. Each stage is logged (``POLYC_DEBUG``); the verifier runs between stages when on."""
+def lower_stages(checked: L.CheckedDef, sizes: dict, options: Options, target) -> tuple:
+    """The polyhedral half of the pipeline: CheckedDef + sizes → Scop → dependences → schedule → CPU
+    transforms → isl AST. Returns ``(scop, deps, schedule, transformed, ast)``; each stage is logged
+    (``POLYC_DEBUG``) and the verifier runs between stages when on."""
     t = time.perf_counter()
     scop = build_scop(checked, sizes)
     debug.log_stage("scop", scop, t)
@@ -100,6 +102,12 @@ def compile_stages(checked: L.CheckedDef, sizes: dict, options: Options, target)
     t = time.perf_counter()
     ast = build_ast(transformed)
     debug.log_stage("ast", ast_to_c(ast), t)
+    return scop, deps, schedule, transformed, ast
+
+
+def compile_stages(checked: L.CheckedDef, sizes: dict, options: Options, target) -> Stages:
+    """The whole pipeline: :func:`lower_stages`, then LLVM IR (one kernel in its own module) and native code."""
+    scop, deps, schedule, transformed, ast = lower_stages(checked, sizes, options, target)
     t = time.perf_counter()
     module = new_module(target)
     emit_kernel(module, scop, ast, target, options)
@@ -222,6 +230,7 @@ class Kernel:
             raise exc.with_source(source, filename) from None
         self.name = name
         self._compiled: dict = {}
+        self._signatures: dict = {}
 
     def __repr__(self) -> str:
         return f"<polyc.Kernel {self.name}>"
@@ -322,6 +331,17 @@ class Kernel:
         self._compiled[key] = compiled
         return compiled
 
+    def signature(self, sizes: dict) -> tuple[TensorSpec, ...]:
+        """The kernel's tensors for these sizes (inputs, outputs, temporaries; shapes from range inference)
+        without compiling: parse, checks and the Scop only. Raises like :meth:`specialize_sizes`."""
+        key = tuple(sorted(sizes.items()))
+        found = self._signatures.get(key)
+        if found is None:
+            scop = build_scop(self.checked, {n: int(sizes[n]) for n in self.checked.sizes})
+            found = tuple(TensorSpec(t.name, t.dtype, tuple(t.shape), t.role) for t in scop.tensors)
+            self._signatures[key] = found
+        return found
+
     def __call__(self, *args, out=None, options: Options | None = None):
         arrays = self._coerce_inputs(args)
         compiled = self.specialize_sizes(self.bind_sizes([a.shape for a in arrays]), options or self.options)
@@ -371,3 +391,77 @@ def einsum(subscripts: str, *operands, options: Options | None = None):
         kernel = define(source, name, options)
         _EINSUM_KERNELS[key] = kernel
     return kernel(*arrays)
+
+
+# ---- many kernels, one native entry point ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One call of a linked program: kernel ``kernel`` (an index into the program's kernels) with, per tensor
+    of its signature, ``(slot, byte offset)``: the base pointer ``buffers[slot]`` plus the offset."""
+
+    kernel: int
+    args: tuple[tuple[int, int], ...]
+
+
+class NativeProgram:
+    """Kernels linked into one LLVM module with a generated entry point that calls them in order.
+
+    ``run(buffers)`` takes one base pointer (int) per slot; a kernel fault raises KernelRuntimeError naming
+    the kernel. ``from_cache`` says whether the object code came from the disk cache.
+    """
+
+    def __init__(self, name: str, jit, kernel_names: tuple[str, ...], n_slots: int, from_cache: bool):
+        self.name = name
+        self._jit = jit
+        self.kernel_names = kernel_names
+        self.n_slots = n_slots
+        self.from_cache = from_cache
+        self._fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(jit.address(name))
+        self._buffers = (ctypes.c_void_p * max(1, n_slots))()
+
+    def run(self, buffers) -> None:
+        """Run every call; ``buffers`` are the slots' base addresses (ints)."""
+        from .errors import KernelRuntimeError
+
+        if len(buffers) != self.n_slots:
+            raise ShapeError(f"program '{self.name}' takes {self.n_slots} buffers, got {len(buffers)}")
+        for i, address in enumerate(buffers):
+            self._buffers[i] = address
+        status = self._fn(ctypes.addressof(self._buffers))
+        if status != 0:
+            raise KernelRuntimeError(f"program '{self.name}': a kernel reported a data-dependent index out of "
+                                     f"range (status {status})", hint="check the index tensors' values")
+
+
+def link_program(name: str, kernels, calls, n_slots: int, options: Options | None = None) -> NativeProgram:
+    """Compile ``kernels`` (``[(Kernel, sizes), ...]``) into one module whose entry ``@name(ptr buffers)``
+    makes ``calls`` (:class:`KernelCall`) in order — a whole model as one native call.
+
+    The object code is cached on disk under a key over every kernel's source, def, sizes, the options, the
+    calls and the target; a hit skips the compiler entirely. Raises what the pipeline raises.
+    """
+    options = options or Options()
+    target = host_target()
+    described = [(k.source, k.name, sorted(sizes.items())) for k, sizes in kernels]
+    layout = [(c.kernel, c.args) for c in calls]
+    key = cache.make_key(__version__, "program", name, described, layout, n_slots, options.to_spec(),
+                         target.key(), _versions())
+    symbols = tuple(f"{name}.k{i}.{k.name}" for i, (k, _) in enumerate(kernels))
+    entry = cache.load(key)
+    if entry is not None:
+        try:
+            return NativeProgram(name, load_object(entry["object"], target), symbols, n_slots, True)
+        except Exception as exc:  # a stale or foreign entry: rebuild it
+            debug.log(f"cache: program {name} unusable ({exc}); rebuilding")
+            cache.remove(key)
+    t = time.perf_counter()
+    module = new_module(target)
+    for symbol, (k, sizes) in zip(symbols, kernels):
+        scop, _deps, _schedule, _transformed, ast = lower_stages(k.checked, sizes, options, target)
+        emit_kernel(module, dataclasses.replace(scop, name=symbol), ast, target, options)
+    emit_entry(module, name, [(symbols[c.kernel], list(c.args)) for c in calls])
+    jit = compile_module(str(module), target, options.opt_level)
+    cache.store(key, {"object": jit.object_code})
+    debug.log(f"program {name}: {len(kernels)} kernels linked in {(time.perf_counter() - t):.2f} s")
+    return NativeProgram(name, jit, symbols, n_slots, False)

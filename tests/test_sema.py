@@ -234,3 +234,11 @@ def test_hand_built_defs_are_checked_too():
     d = A.Def("f", (), (A.Output("O"),), (A.Statement("O", (), "=", A.Call("frob", (A.Const(1),))),))
     with pytest.raises(SemanticError, match="unknown function 'frob'"):
         check_def(d)
+
+
+def test_exploding_where_bindings_are_rejected():
+    lets = ", ".join(f"x{k + 1} = x{k} * x{k}" for k in range(40))
+    line = f"  O(i) = x40 where x0 = A(i), {lets}"
+    err = sema_error(f"def f(float(N) A) -> (O) {{\n{line}\n}}")
+    assert "the where bindings expand this expression too much (24575 nodes" in err.message
+    assert (err.span.line, err.span.col) == (2, line.index("x12 * x12") + 1)

@@ -247,8 +247,12 @@ def check_index_name(name: str, span: Span | None, env: _Env) -> None:
 
 
 def check_lets(stmt: A.Statement, env: _Env) -> dict:
-    """``where x = e`` bindings: fresh names; each may use the ones before it. Returns name → expression."""
+    """``where x = e`` bindings: fresh names; each may use the ones before it. Returns name → expression.
+
+    The expanded statement must stay small: a chain such as ``b = a * a, c = b * b, ...`` doubles at each step.
+    """
     lets: dict = {}
+    shapes: dict = {}
     lhs = {i.name for i in stmt.indices}
     ranges = {c.index for c in stmt.where if isinstance(c, A.RangeClause)}
     for c in stmt.where:
@@ -259,8 +263,33 @@ def check_lets(stmt: A.Statement, env: _Env) -> dict:
         if taken:
             raise _error(f"where binding '{c.name}' reuses a name already in use", c.span,
                          "choose a fresh name for the binding")
+        shapes[c.name] = check_expansion(c.expr, shapes)
         lets[c.name] = substitute(c.expr, lets)
+    for c in stmt.where:
+        for e in ((c.lo, c.hi) if isinstance(c, A.RangeClause) else (c.expr,)):
+            check_expansion(e, shapes)
+    check_expansion(stmt.rhs, shapes)
     return lets
+
+
+#: The most nodes an expression may have once its where bindings are substituted.
+MAX_EXPANDED_SIZE = 20000
+
+
+def check_expansion(e: A.Expr, shapes: dict) -> tuple[int, int]:
+    """``(nodes, depth)`` of ``e`` with the bindings in ``shapes`` substituted; both must stay bounded."""
+    def shape(node):
+        if isinstance(node, A.Ident) and node.name in shapes:
+            return shapes[node.name]
+        kids = [shape(c) for c in expr_children(node)]
+        return 1 + sum(k[0] for k in kids), 1 + max((k[1] for k in kids), default=0)
+
+    size, depth = shape(e)
+    if size > MAX_EXPANDED_SIZE or depth > MAX_DEPTH:
+        raise _error("the where bindings expand this expression too much "
+                     f"({size} nodes, {depth} levels once substituted)", e.span,
+                     "compute shared parts in a temporary tensor instead of a where binding")
+    return size, depth
 
 
 def substitute(e: A.Expr, lets: dict) -> A.Expr:

@@ -139,3 +139,13 @@ def one_node_model(node: onnx.NodeProto, inputs: dict, initializers: dict | None
     del model.graph.output[:]
     model.graph.output.extend(typed)
     return model
+
+
+#: Tolerances onnx's backend tests use for the light models (``onnx.backend.test.loader``, kind "real").
+LIGHT_TOLERANCES = {name: (2e-3 if name == "densenet121" else 1e-3, 1e-7) for name in LIGHT_MODELS}
+
+
+def dummy_input(shape) -> np.ndarray:
+    """The input onnx's backend runner feeds the light models: ``arange(n).reshape(shape) / n`` as float32."""
+    n = int(np.prod(shape))
+    return (np.arange(n).reshape(shape) / n).astype(np.float32)

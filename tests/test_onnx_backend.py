@@ -1,0 +1,38 @@
+"""onnx's backend test suite driven through ``polyc.onnx.backend``, on the node tests of the supported ops.
+
+The node cases come from ``onnx.backend.test.loader`` in memory (the wheel lacks the data directory). A case
+is included when every op of its model is one polyc supports (``polyc.onnx.ops.CONVERTERS`` and the alias
+ops); the count of passes is quoted in the README. Run ``pytest tests/test_onnx_backend.py -q`` to count.
+"""
+import re
+import warnings
+
+import onnx.backend.test
+from onnx.backend.test.loader import load_model_tests
+
+import polyc.onnx.backend
+from polyc.onnx.ops import CONVERTERS
+
+SUPPORTED = set(CONVERTERS) | {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
+
+
+def supported_node_tests():
+    """Names of node test cases whose models use only supported ops."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = load_model_tests(kind="node")
+    names = []
+    for case in cases:
+        model = case.model
+        if model is None:
+            continue
+        if all(n.op_type in SUPPORTED and n.domain in ("", "ai.onnx") for n in model.graph.node):
+            names.append(case.name)
+    return sorted(names)
+
+
+backend_test = onnx.backend.test.BackendTest(polyc.onnx.backend, __name__)
+for _name in supported_node_tests():
+    backend_test.include(rf"^{re.escape(_name)}_cpu$")
+
+globals().update(backend_test.test_cases)

@@ -1,0 +1,129 @@
+"""Fusion groups, lowering to TC text, the memory plan, and the API's errors (mostly no kernel compiles)."""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import polyc.onnx
+import polyc.onnx.backend as backend
+from polyc.errors import PolycError, ShapeError, UnsupportedError
+from polyc.onnx import graph as G
+from polyc.onnx import passes, testing
+from polyc.onnx.fusion import fusion_groups, groups_summary
+from polyc.onnx.load import load_model
+from polyc.onnx.lower import lower_groups
+from polyc.onnx.memory import plan_memory
+
+
+def simplified(path_or_model):
+    return passes.simplify(G.from_model(load_model(path_or_model)))
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    g = simplified(testing.light_model_path("resnet50"))
+    groups = fusion_groups(g)
+    return g, groups, lower_groups(g, groups)
+
+
+def test_resnet_groups_fuse_conv_bias_residual_relu(resnet):
+    g, groups, _ = resnet
+    ops = [gr.ops for gr in groups]
+    assert ops.count(("Conv", "Sum", "Relu")) == 16  # every residual block's last conv + Add + Relu
+    assert ops.count(("Conv", "Relu")) == 33
+    assert sum(gr.kind == "kernel" for gr in groups) == 57
+    assert [gr.kind for gr in groups if gr.ops == ("Reshape",)] == ["alias"]
+    assert "Conv+Sum+Relu" in groups_summary(g, groups)
+
+
+def test_lowered_conv_writes_in_place_and_identical_groups_share_text(resnet):
+    _, _, kernels = resnet
+    first = kernels[0].source
+    assert first.startswith("def conv_relu(float(1,3,224,224) X0, float(64,3,7,7) X1, float(64) X2) -> "
+                            "(float(1,64,112,112) Y0)")
+    assert "Y0(i0, i1, i2, i3) +=! " in first and "Y0(i0, i1, i2, i3) = max((Y0(i0, i1, i2, i3) + X2(i1)), 0.0)" in first
+    assert "2*i2+r1-3" in first  # stride 2, pad 3
+    assert len({k.source for k in kernels if k}) == 28
+
+
+def test_one_by_one_conv_has_no_window_reduction(resnet):
+    _, _, kernels = resnet
+    one = next(k for k in kernels if k and "float(64,64,1,1)" in k.source)
+    assert "X0(i0, r0, i2, i3) * X1(i1, r0, 0, 0)" in one.source
+
+
+@pytest.mark.parametrize("name", testing.LIGHT_MODELS)
+def test_memory_plan_never_overlaps_live_tensors(name):
+    g = simplified(testing.light_model_path(name))
+    groups = fusion_groups(g)
+    plan = plan_memory(g, groups)
+    items = [(plan.offsets[t], plan.sizes[t], *plan.lifetimes[t]) for t in plan.offsets]
+    for k, (o1, s1, f1, l1) in enumerate(items):
+        assert o1 % 64 == 0
+        for o2, s2, f2, l2 in items[k + 1:]:
+            if not (l1 < f2 or l2 < f1):
+                assert o1 + s1 <= o2 or o2 + s2 <= o1
+    assert plan.arena_bytes <= plan.total_bytes
+    assert "arena" in str(plan)
+
+
+def _relu_model(shape=(2, 3), elem=TensorProto.FLOAT):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "r",
+                              [helper.make_tensor_value_info("x", elem, list(shape))],
+                              [helper.make_tensor_value_info("y", elem, list(shape))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_feeds_are_checked_by_name_shape_and_dtype():
+    model = polyc.onnx.compile(_relu_model())
+    assert model.input_names == ("x",) and model.input_shapes == ((2, 3),) and model.output_names == ("y",)
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    np.testing.assert_array_equal(model.run({"x": x})[0], np.maximum(x, 0))
+    np.testing.assert_array_equal(model(x)[0], np.maximum(x, 0))
+    with pytest.raises(ShapeError, match="unknown input 'z'.*x float32\\[2, 3\\]"):
+        model.run({"z": x})
+    with pytest.raises(ShapeError, match="missing input 'x': expected float32\\[2, 3\\]"):
+        model.run({})
+    with pytest.raises(ShapeError, match="input 'x': expected shape \\[2, 3\\], got \\[3, 2\\]"):
+        model.run({"x": x.T.copy()})
+    with pytest.raises(ShapeError, match="input 'x': expected dtype float32, got float64"):
+        model.run({"x": x.astype(np.float64)})
+
+
+def test_dynamic_shape_error_and_pinning_through_compile():
+    model = _relu_model(shape=("N", 3))
+    with pytest.raises(ShapeError, match="input 'x' has a dynamic shape"):
+        polyc.onnx.compile(model)
+    compiled = polyc.onnx.compile(model, input_shapes={"x": (4, 3)})
+    assert compiled.output_shapes == ((4, 3),)
+
+
+def test_unsupported_op_rejected_before_any_kernel_compiles():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Hardmax", ["a"], ["b"], name="hm"),
+             helper.make_node("Det", ["b"], ["y"], name="det")]
+    graph = helper.make_graph(nodes, "u", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(UnsupportedError, match="2 unsupported feature.*Hardmax on node hm.*Det on node det"):
+        polyc.onnx.compile(model)
+
+
+def test_missing_initializer_is_a_clear_error():
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "m",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(PolycError, match="'w'|w"):
+        polyc.onnx.compile(model)
+
+
+def test_backend_module_interface():
+    assert backend.supports_device("CPU") and not backend.supports_device("CUDA")
+    x = np.array([-1.0, 2.0], np.float32)
+    (y,) = backend.run_node(helper.make_node("Relu", ["x"], ["y"]), [x])
+    np.testing.assert_array_equal(y, [0.0, 2.0])
+    rep = backend.prepare(_relu_model())
+    np.testing.assert_array_equal(rep.run([np.ones((2, 3), np.float32)])[0], np.ones((2, 3)))
+    w = numpy_helper.from_array(np.ones(3, np.float32), "w")
+    assert w is not None
