@@ -105,7 +105,7 @@ def test_unsupported_op_rejected_before_any_kernel_compiles():
     graph = helper.make_graph(nodes, "u", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    with pytest.raises(UnsupportedError, match="2 unsupported feature.*Hardmax on node hm.*Det on node det"):
+    with pytest.raises(UnsupportedError, match="(?s)2 unsupported feature.*Hardmax on node hm.*Det on node det"):
         polyc.onnx.compile(model)
 
 
@@ -114,7 +114,7 @@ def test_missing_initializer_is_a_clear_error():
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    with pytest.raises(PolycError, match="'w'|w"):
+    with pytest.raises(PolycError, match="node Add_0 \\(Add\\) reads tensor 'w', which no graph input, initializer"):
         polyc.onnx.compile(model)
 
 

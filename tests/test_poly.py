@@ -126,3 +126,12 @@ def cumsum(float(N) A) -> (float(N) B) {
         isl.MultiUnionPwAff("[{ S0[i] -> [(0)]; S1[i] -> [(-i)] }]"))
     with pytest.raises(CompileError, match="violates dependences"):
         check_schedule(bad, scop, deps, "bad")
+
+
+def test_guarded_reads_do_not_shrink_ranges():
+    # the read of X runs only where the guard holds, so it must not restrict kh: padding stays correct
+    scop = scop_of("""
+def conv_pad1(float(H) X, float(K) F) -> (Y) {
+    Y(h) +=! ((h+k-1 >= 0 && h+k-1 < H) ? X(h+k-1) : 0.0) * F(k) where h in 0:H
+}""", H=6, K=3)
+    assert ranges_of(scop, "S1") == {"h": (0, 6), "k": (0, 3)}

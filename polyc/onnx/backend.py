@@ -9,25 +9,89 @@ other harnesses can run it::
 from __future__ import annotations
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from .api import CompiledModel, compile as _compile
+from .ops import CONSTANT_INPUTS
+
+
+def _graph_input_names(model: onnx.ModelProto) -> list:
+    inits = {t.name for t in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def _shape_like_inputs(model: onnx.ModelProto) -> set:
+    """Graph inputs that feed a slot polyc needs as a compile-time constant (Reshape's shape, axes, pads...)."""
+    opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 1)
+    inputs = set(_graph_input_names(model))
+    found = set()
+    for node in model.graph.node:
+        for index, since, _ in CONSTANT_INPUTS.get(node.op_type, ()):
+            if opset >= since and index < len(node.input) and node.input[index] in inputs:
+                found.add(node.input[index])
+    return found
+
+
+def _is_dynamic(model: onnx.ModelProto) -> bool:
+    inits = {t.name for t in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        t = vi.type.tensor_type
+        if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
+            return True
+    return False
+
+
+def _freeze(model: onnx.ModelProto, values: dict) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph inputs ``values`` (name -> array) are initializers."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = [vi for vi in out.graph.input if vi.name not in values]
+    del out.graph.input[:]
+    out.graph.input.extend(keep)
+    out.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), n) for n, v in values.items())
+    return out
 
 
 class PolycRep(BackendRep):
-    """A prepared model: ``run(inputs)`` takes a list (graph input order) or a dict, returns a list."""
+    """A prepared model: ``run(inputs)`` takes a list (graph input order) or a dict, returns a list.
 
-    def __init__(self, compiled: CompiledModel):
-        self.compiled = compiled
+    A model with dynamic input dims, or whose graph inputs feed slots polyc needs as constants (Reshape's
+    shape, Slice's starts, axes, pads, Resize's scales ...), is compiled at the first ``run`` for the given
+    shapes and those inputs' values (one compiled model per distinct key), as TVM's ``freeze_params`` does.
+    """
+
+    def __init__(self, model: onnx.ModelProto, options=None):
+        self.model = model
+        self.options = options
+        self.names = _graph_input_names(model)
+        self.frozen = _shape_like_inputs(model)
+        self.compiled = None
+        self.specialized: dict = {}
+        if not self.frozen and not _is_dynamic(model):
+            self.compiled = _compile(model, options=options)
+
+    def _specialize(self, feeds: dict) -> CompiledModel:
+        key = tuple((n, np.shape(a), np.asarray(a).dtype.str,
+                     np.asarray(a).tobytes() if n in self.frozen else b"") for n, a in sorted(feeds.items()))
+        if key not in self.specialized:
+            model = _freeze(self.model, {n: feeds[n] for n in self.frozen if n in feeds})
+            shapes = {n: np.shape(a) for n, a in feeds.items() if n not in self.frozen}
+            self.specialized[key] = _compile(model, options=self.options, input_shapes=shapes)
+        return self.specialized[key]
 
     def run(self, inputs, **kwargs):
         if isinstance(inputs, dict):
-            feeds = inputs
+            feeds = dict(inputs)
         else:
             if isinstance(inputs, np.ndarray):
                 inputs = [inputs]
-            feeds = dict(zip(self.compiled.input_names, inputs))
-        return self.compiled.run(feeds)
+            feeds = dict(zip(self.names, inputs))
+        compiled = self.compiled or self._specialize(feeds)
+        return compiled.run({n: a for n, a in feeds.items() if n in compiled.input_names})
 
 
 class PolycBackend(Backend):
@@ -46,9 +110,15 @@ class PolycBackend(Backend):
         """Compile ``model`` (ModelProto, bytes or path); ``kwargs`` may hold ``options`` and ``input_shapes``."""
         if not cls.supports_device(device):
             raise RuntimeError(f"polyc supports only CPU, not {device}")
-        options = kwargs.get("options")
-        shapes = kwargs.get("input_shapes")
-        return PolycRep(_compile(model, options=options, input_shapes=shapes))
+        if not isinstance(model, onnx.ModelProto):
+            model = onnx.load(model) if isinstance(model, str) else onnx.load_model_from_string(model)
+        if kwargs.get("input_shapes"):
+            rep = PolycRep.__new__(PolycRep)
+            rep.model, rep.options, rep.frozen, rep.specialized = model, kwargs.get("options"), set(), {}
+            rep.names = _graph_input_names(model)
+            rep.compiled = _compile(model, options=rep.options, input_shapes=kwargs["input_shapes"])
+            return rep
+        return PolycRep(model, kwargs.get("options"))
 
     @classmethod
     def run_model(cls, model, inputs, device: str = "CPU", **kwargs):

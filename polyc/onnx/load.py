@@ -98,6 +98,21 @@ def _check_static_inputs(model: onnx.ModelProto) -> None:
                              hint=f'pin it with input_shapes={{"{vi.name}": ({example},)}}')
 
 
+def _check_defined(model: onnx.ModelProto) -> None:
+    """Every tensor a node reads is a graph input, an initializer or an earlier node's output."""
+    known = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer} | {""}
+    missing = []
+    for index, node in enumerate(model.graph.node):
+        for name in node.input:
+            if name not in known:
+                label = node.name or f"{node.op_type}_{index}"
+                missing.append(f"node {label} ({node.op_type}) reads tensor {name!r}, which no graph input, "
+                               "initializer or earlier node provides")
+        known.update(node.output)
+    if missing:
+        raise ModelError("; ".join(missing), hint="a missing initializer? check the model's initializer list")
+
+
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnx shape inference in strict mode with data propagation; errors become :class:`ModelError`."""
     try:
@@ -118,6 +133,7 @@ def load_model(model: ModelLike, input_shapes: Mapping[str, Sequence[int]] | Non
             used = sorted({n.op_type for n in proto.graph.node if n.domain == imp.domain})
             if used:
                 raise UnsupportedError(f"operators of domain {imp.domain!r} are not supported: {', '.join(used)}")
+    _check_defined(proto)
     try:
         onnx.checker.check_model(proto)
     except Exception as e:

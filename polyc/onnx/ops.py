@@ -169,7 +169,10 @@ def _nary(op_fn):
 
 
 def _pow_text(terms, dtype, node):
-    return f"pow({terms[0]}, {terms[1]})"
+    if np.dtype(dtype).kind == "f":
+        return f"pow({terms[0]}, {terms[1]})"
+    from .lower import tc_type
+    return f"{tc_type(dtype)}(pow(double({terms[0]}), double({terms[1]})))"
 
 
 def _fold(fn):
@@ -184,7 +187,17 @@ def _fold(fn):
 add = _nary(lambda ts, t, n: "(" + " + ".join(ts) + ")")
 sub = _nary(lambda ts, t, n: f"({ts[0]} - {ts[1]})")
 mul = _nary(lambda ts, t, n: f"({ts[0]} * {ts[1]})")
-div = _nary(lambda ts, t, n: f"({ts[0]} / {ts[1]})")
+def _div_text(ts, t, n):
+    if np.dtype(t).kind == "f":
+        return f"({ts[0]} / {ts[1]})"
+    # ONNX integer division truncates toward zero; the language's rounds toward minus infinity
+    a, c = ts
+    if np.dtype(t).kind == "u":
+        return f"({a} / {c})"
+    return f"((({a} % {c}) != 0 && (({a} < 0 && {c} > 0) || ({a} > 0 && {c} < 0))) ? {a} / {c} + 1 : {a} / {c})"
+
+
+div = _nary(_div_text)
 sum_ = add
 max_ = _nary(_fold(lambda a, c: f"max({a}, {c})"))
 min_ = _nary(_fold(lambda a, c: f"min({a}, {c})"))

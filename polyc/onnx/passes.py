@@ -55,6 +55,14 @@ def _forward(g: nx.DiGraph, out: str, src: str) -> bool:
     return True
 
 
+def _dropout_is_inference(g: nx.DiGraph, d: dict) -> bool:
+    """A Dropout is the identity unless its training_mode input (opset 12+) is true or not a constant."""
+    if len(d["inputs"]) < 3 or not d["inputs"][2]:
+        return True
+    mode = g.graph["constants"].get(d["inputs"][2])
+    return mode is not None and not bool(np.asarray(mode).reshape(-1)[0])
+
+
 def remove_identities(g: nx.DiGraph) -> nx.DiGraph:
     """Remove Identity and (inference-mode) Dropout nodes; a used Dropout mask becomes a constant of ones."""
     g = copy_graph(g)
@@ -63,6 +71,8 @@ def remove_identities(g: nx.DiGraph) -> nx.DiGraph:
         if d["op"] not in FORWARDING:
             continue
         out, src = d["outputs"][0], d["inputs"][0]
+        if d["op"] == "Dropout" and not _dropout_is_inference(g, d):
+            continue
         if d["op"] == "Dropout" and len(d["outputs"]) > 1 and d["outputs"][1]:
             mask = d["outputs"][1]
             if consumers(g, mask) or mask in g.graph["outputs"]:

@@ -92,12 +92,18 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
 
 # ---- range inference -------------------------------------------------------------------------------------
 
-def _accesses(expr: L.Expr, out: list):
-    """Every tensor access in ``expr`` (nested ones too) as ``(tensor, args, span)``."""
+def _accesses(expr: L.Expr, out: list, guards: tuple = ()):
+    """Every tensor access in ``expr`` (nested ones too) as ``(tensor, args, span, guards)``; ``guards`` are
+    the ``(condition, negated)`` of the ``?:`` that must hold for the access to run."""
+    if isinstance(expr, L.Select):
+        _accesses(expr.cond, out, guards)
+        _accesses(expr.then, out, guards + ((expr.cond, False),))
+        _accesses(expr.other, out, guards + ((expr.cond, True),))
+        return out
     if isinstance(expr, L.Access):
-        out.append((expr.tensor, expr.args, expr.span))
+        out.append((expr.tensor, expr.args, expr.span, guards))
     for c in children(expr):
-        _accesses(c, out)
+        _accesses(c, out, guards)
     return out
 
 
@@ -125,31 +131,37 @@ def infer_ranges(cs: L.CheckedStatement, shapes: dict, sizes: dict, source: str)
     _accesses(stmt.rhs, accesses)
     if stmt.tensor in shapes:
         lhs_args = tuple(L.Ident(i.name, i.span, "int32", "index") for i in stmt.indices)
-        accesses.append((stmt.tensor, lhs_args, stmt.span))
-    candidates = []  # (index, arg text, extent, other indices)
-    for tensor, args, _span in accesses:
+        accesses.append((stmt.tensor, lhs_args, stmt.span, ()))
+    candidates = []  # (indices involved, arg text, extent, guard conditions)
+    for tensor, args, _span, guards in accesses:
         shape = shapes.get(tensor)
         if shape is None or len(shape) != len(args):
             continue
+        guard_names = [n for cond, _ in guards for n in index_names(cond)]
         for arg, extent in zip(args, shape):
             names = index_names(arg)
             text = affine_text(arg, set(names), sizes)
             if text is None or not names:
                 continue
-            candidates.append((names, text, extent))
+            involved = list(dict.fromkeys(names + guard_names))
+            conds = [guard_text(cond, set(involved), sizes, negate) for cond, negate in guards]
+            if any(c is None for c in conds):
+                continue  # a read under a non-affine condition does not constrain the ranges
+            candidates.append((names, involved, text, extent, conds))
     while True:
         solved = {}
         for index in cs.indices:
             if index in ranges:
                 continue
             good = None
-            for names, text, extent in candidates:
-                if index not in names or any(n != index and n not in ranges for n in names):
+            for names, involved, text, extent, conds in candidates:
+                if index not in names or any(n != index and n not in ranges for n in involved):
                     continue
-                others = [n for n in names if n != index]
-                keep = _in_bounds_set(index, others, ranges, text, extent)
+                others = [n for n in involved if n != index]
+                keep = _in_bounds_set(index, others, ranges, text, extent, conds)
                 good = keep if good is None else good.intersect(keep)
-                constraints.append(f"0 <= {text} < {extent}")
+                inside = f"0 <= {text} < {extent}"
+                constraints.append(f"(not ({' and '.join(conds)}) or ({inside}))" if conds else inside)
             if good is None:
                 continue
             if good.is_empty() or not good.is_bounded():
@@ -169,11 +181,12 @@ def infer_ranges(cs: L.CheckedStatement, shapes: dict, sizes: dict, source: str)
     return ranges, constraints
 
 
-def _in_bounds_set(index: str, others: list[str], ranges: dict, text: str, extent: int) -> isl.Set:
-    """``{ [index] : for all others in their ranges, 0 <= text < extent }``."""
+def _in_bounds_set(index: str, others: list[str], ranges: dict, text: str, extent: int,
+                   conds: list[str] = ()) -> isl.Set:
+    """``{ [index] : for all others in their ranges where conds hold, 0 <= text < extent }``."""
     dims = ", ".join(isl_name(n) for n in [index] + others)
-    bounds = " and ".join(f"{ranges[n][0]} <= {isl_name(n)} < {ranges[n][1]}" for n in others) or "true"
-    bad = isl.Set(f"{{ [{dims}] : {bounds} and ({text} < 0 or {text} >= {extent}) }}")
+    bounds = [f"{ranges[n][0]} <= {isl_name(n)} < {ranges[n][1]}" for n in others] + [f"({c})" for c in conds]
+    bad = isl.Set(f"{{ [{dims}] : {' and '.join(bounds) or 'true'} and ({text} < 0 or {text} >= {extent}) }}")
     bad = bad.project_out(isl.dim_type.set, 1, len(others))
     return isl.Set(f"{{ [{isl_name(index)}] }}").subtract(bad)
 
