@@ -38,7 +38,7 @@ def test_resnet_groups_fuse_conv_bias_residual_relu(resnet):
 def test_lowered_conv_writes_in_place_and_identical_groups_share_text(resnet):
     _, _, kernels = resnet
     first = kernels[0].source
-    assert first.startswith("def conv_relu(float(1,3,224,224) X0, float(64,3,7,7) X1, float(64) X2) -> "
+    assert first.startswith("def onnx_conv_relu(float(1,3,224,224) X0, float(64,3,7,7) X1, float(64) X2) -> "
                             "(float(1,64,112,112) Y0)")
     assert "Y0(i0, i1, i2, i3) +=! " in first and "Y0(i0, i1, i2, i3) = max((Y0(i0, i1, i2, i3) + X2(i1)), 0.0)" in first
     assert "2*i2+r1-3" in first  # stride 2, pad 3

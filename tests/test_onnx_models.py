@@ -15,7 +15,14 @@ import pytest
 import polyc.onnx
 from polyc.onnx import testing
 
-pytest.importorskip("onnxruntime")
+ort = pytest.importorskip("onnxruntime")
+
+
+def ort_session(model):
+    """An onnxruntime session with warnings silenced."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 FAST = ("resnet50", "squeezenet", "shufflenet")
 SLOW = tuple(n for n in testing.LIGHT_MODELS if n not in FAST)
@@ -37,7 +44,7 @@ def _check_reweighted(name, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(model.input_shapes[0]).astype(np.float32)
     got = model.run({model.input_names[0]: x})
-    want = testing.ort_session(m).run(None, {model.input_names[0]: x})
+    want = ort_session(m).run(None, {model.input_names[0]: x})
     for g, w in zip(got, want):
         scale = float(np.abs(w).max())
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4 * scale)

@@ -17,6 +17,13 @@ from polyc.onnx.lower import check_supported
 
 ort = pytest.importorskip("onnxruntime")
 
+
+def ort_session(model):
+    """An onnxruntime session with warnings silenced."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
 RNG = np.random.default_rng(0)
 
 
@@ -36,7 +43,7 @@ def const(name, array):
 
 
 def run_ort(model, feeds):
-    return testing.ort_session(model).run(None, feeds)
+    return ort_session(model).run(None, feeds)
 
 
 def simplified_model(model):

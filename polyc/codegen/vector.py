@@ -55,16 +55,28 @@ def emit_vector_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) ->
     init, last, n = emit_trip_count(r, bounds, b)
     vector_end = b.add(init, b.mul(b.sdiv(n, ir.Constant(I64, lanes)), ir.Constant(I64, lanes)))
 
-    def vector_body(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
-        for user in users:
-            _emit_vector_statement(k, r, user, lanes, strides, bb)
-        return bb.block
+    def vector_body(width: int):
+        def fill(blk: ir.Block) -> ir.Block:
+            bb = ir.IRBuilder(blk)
+            for user in users:
+                _emit_vector_statement(k, r, user, width, strides, bb)
+            return bb.block
+        return fill
 
     after = emit_loop(r, b.block, it, init, lambda bb, iv: bb.icmp_signed("<", iv, vector_end),
-                      ir.Constant(I64, lanes), vector_body)
-    # the remainder starts where the vector loop stopped
-    return emit_loop(r, after, it, vector_end, lambda bb, iv: bb.icmp_signed("<=", iv, last),
+                      ir.Constant(I64, lanes), vector_body(lanes))
+    # the remainder (fewer than `lanes` iterations): at most one step of each narrower power-of-two width,
+    # then scalar iterations — 24 float32 with 16 lanes run as 16 + 8, not 16 + 8 scalar steps
+    start = vector_end
+    width = lanes // 2
+    while width >= 2:
+        bb = ir.IRBuilder(after)
+        left = bb.sub(bb.add(last, ir.Constant(I64, 1)), start)
+        stop = bb.add(start, bb.mul(bb.sdiv(left, ir.Constant(I64, width)), ir.Constant(I64, width)))
+        after = emit_loop(r, bb.block, it, start, lambda bx, iv, stop=stop: bx.icmp_signed("<", iv, stop),
+                          ir.Constant(I64, width), vector_body(width))
+        start, width = stop, width // 2
+    return emit_loop(r, after, it, start, lambda bb, iv: bb.icmp_signed("<=", iv, last),
                      ir.Constant(I64, 1), lambda blk: emit_node(k, r, body, blk))
 
 

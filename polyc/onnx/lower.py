@@ -243,7 +243,7 @@ def lazy(shape, dtype, fn: Callable, cheap: bool = False) -> Val:
 def _def_name(group: Group) -> str:
     ops = [re.sub(r"[^a-z0-9]", "", o.lower()) for o in group.ops]
     name = "_".join(ops[:4]) + ("_etc" if len(ops) > 4 else "")
-    return name or "kernel"
+    return "onnx_" + (name or "kernel")  # a def named like a libm function (pow, exp) would call itself
 
 
 def _rename(stmts: list, old: str, new: str) -> None:

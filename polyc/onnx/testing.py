@@ -1,5 +1,7 @@
 """Helpers for tests and benchmarks: the bundled model-zoo "light" models and seeded re-weighting.
 
+(onnxruntime, a test-only dependency, is not imported here; the tests make their own sessions.)
+
 The light models build every weight with ``ConstantOfShape(0.02)``, so their expected outputs are almost
 input-independent. :func:`reweight` replaces each such weight with seeded random values scaled per role
 (He-scaled Conv/Gemm weights, BatchNormalization scale and variance near 1, small biases) so that a model's
@@ -89,17 +91,6 @@ def reweight(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     out.graph.input.extend(inputs)
     out.ir_version = max(out.ir_version, 4)  # initializers need not be graph inputs
     return out
-
-
-def ort_session(model: onnx.ModelProto, threads: int = 0):
-    """An onnxruntime session (test-only dependency) with warnings silenced."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if threads:
-        so.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def softmax_inputs(model: onnx.ModelProto) -> list:

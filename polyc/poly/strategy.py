@@ -32,7 +32,7 @@ from ..options import Options
 from .affine import affine_text, children, isl_name
 from .scop import PolyStatement, Scop
 from .transforms import (band_coincident, band_extents, band_permute, band_split, band_tile, bands,
-                         insert_mark, member_index)
+                         insert_mark, isolate_full_tiles, member_index)
 
 #: Below this many statement instances a kernel stays single-threaded (thread start-up would dominate).
 PARALLEL_MIN_WORK = 1 << 16
@@ -274,7 +274,7 @@ def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: i
     width = 1 + int(has_u)
     if n_r:
         node = band_split(node, width)  # [u, v] over [R]
-    node = band_tile(node, [mr, nr] if has_u else [nr])
+    node = isolate_full_tiles(band_tile(node, [mr, nr] if has_u else [nr]))
     inner = node.child(0)  # [ur, vr]
     inner_path = path_of(inner)
     # sink every band below [ur, vr] (the reduction band and any band isl nested under the outer one), top

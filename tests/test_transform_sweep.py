@@ -1,0 +1,191 @@
+"""The transformation sweep: every kernel of the library under many option sets, compared with numpy.
+
+A transformation that changes a result must fail here. Each def of ``kernels/*.tc`` (every
+:class:`~kernel_refs.KernelCase` of ``tests/kernel_refs.py``) is compiled on one *sweep shape* under a set of
+:class:`polyc.Options` and its outputs are compared with the case's numpy reference (shapes, dtypes, values
+within the dtype's tolerance, exact for integers; inputs left untouched).
+
+The sweep shape of a case is its largest test shape that has an odd prime extent of at least 5 (for most
+cases the last one, e.g. matmul M=37, K=67, N=41): small enough to compile and run in well under a second,
+large enough that a register tile (6 rows by two vectors) and a full vector of the target's width fit in
+it, and odd so that every tiled and vectorized loop also runs its partial tile and remainder path.
+
+To keep the whole file at a few minutes on a 2-core machine the option sets are split:
+
+- ``ALL_OPTIONS`` (the six most distinct) run on every case: transforms off, source-order schedule, tiny
+  tiles (3: every tile partial), no cache tile, scalar code, a 2-row register tile;
+- ``FUSION_OPTIONS`` (``fusion=min`` / ``fusion=max``) run on every case with more than one statement
+  (reductions count: their initialisation is a statement), where fusion can change anything;
+- ``SUBSET_OPTIONS`` (the default options, ``tile_sizes=4x8x16``, ``register_tile=0``, parallel on two
+  threads, source order with transforms off) run on a representative subset of kernels;
+- ``PARALLEL_SHAPES``: the strategy marks a loop parallel only above ~65k statement instances, so a few
+  kernels run on larger shapes with ``parallel=1,threads=2``; the test checks that the AST really has a
+  ``parallel`` loop and that the two-thread result is bit-identical to the one-thread result.
+
+The default options on every shape of every case are covered by ``tests/test_kernels.py``.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_refs import CASES, KernelCase, shape_id, tolerance  # noqa: E402
+
+import polyc  # noqa: E402
+import polyc.kernels  # noqa: E402
+from polyc import Options  # noqa: E402
+
+ALL_OPTIONS = {
+    "naive": Options.naive(),
+    "identity": Options(scheduler="identity"),
+    "tile_sizes=3": Options(tile_sizes=(3,)),
+    "tile=0": Options(tile=False),
+    "vectorize=0": Options(vectorize=False),
+    "register_tile_sizes=2": Options(register_tile_sizes=(2,)),
+}
+
+FUSION_OPTIONS = {
+    "fusion=min": Options(fusion="min"),
+    "fusion=max": Options(fusion="max"),
+}
+
+SUBSET_OPTIONS = {
+    "default": Options(),
+    "tile_sizes=4x8x16": Options(tile_sizes=(4, 8, 16)),
+    "register_tile=0": Options(register_tile=False),
+    "parallel=1,threads=2": Options(parallel=True, threads=2),
+    "identity+naive": Options.naive().replace(scheduler="identity"),
+}
+
+#: The representative subset: a GEMM, a convolution, a multi-statement row reduction, a PolyBench chain of
+#: products, a pooling, an elementwise op with broadcasting, a padded conv and a layernorm.
+SUBSET = ("matmul.matmul", "matmul.gemm_bias", "conv2d.conv2d", "conv2d.conv2d_pad1", "softmax.softmax",
+          "polybench.two_mm", "pool.maxpool3x3_s2", "elementwise.add_row", "layernorm.layernorm")
+
+#: Shapes with well over 65k statement instances, so that the strategy marks a loop parallel.
+PARALLEL_SHAPES = (
+    ("matmul.matmul", dict(M=131, K=67, N=97)),
+    ("conv2d.conv2d", dict(N=1, C=5, H=37, W=41, M=13, KH=3, KW=3)),
+    ("softmax.softmax", dict(N=131, D=523)),
+    ("polybench.two_mm", dict(NI=67, NJ=71, NK=73, NL=61, NM=1)),
+    ("pool.maxpool2x2", dict(N=2, C=17, H=131, W=67)),
+    ("elementwise.add_row", dict(M=257, N=263)),
+)
+
+CASES_BY_ID = {case.id: case for case in CASES}
+ODD_PRIMES = {5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97, 101,
+              103, 107, 109, 113, 127, 131}
+
+
+def sweep_shape(case: KernelCase) -> dict:
+    """The case's largest shape (by product of extents) with an odd prime extent of at least 5."""
+    odd = [s for s in case.shapes if set(s.values()) & ODD_PRIMES] or list(case.shapes)
+    return max(odd, key=lambda s: (int(np.prod(list(s.values()))), case.shapes.index(s)))
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(case_id: str) -> polyc.Kernel:
+    case = CASES_BY_ID[case_id]
+    return polyc.kernels.load(case.family, case.name)
+
+
+@functools.lru_cache(maxsize=None)
+def statement_count(case_id: str) -> int:
+    """Statements of the case's polyhedral model (``S0: ...`` lines of its ``domain`` stage)."""
+    case = CASES_BY_ID[case_id]
+    inputs = case.make_inputs(np.random.default_rng(0), case.shapes[1])
+    text = kernel(case_id).specialize(*inputs, options=Options.naive()).stage("domain")
+    return len(re.findall(r"^\s*S\d+:", text, re.MULTILINE))
+
+
+def _as_tuple(value) -> tuple:
+    return tuple(value) if isinstance(value, tuple) else (value,)
+
+
+def run_case(case: KernelCase, shape: dict, options: Options):
+    """Compile ``case`` for ``shape`` under ``options``, run it, compare with numpy; returns
+    ``(compiled, outputs)``."""
+    rng = np.random.default_rng(zlib.crc32(f"{case.id}[{shape_id(shape)}]".encode()))
+    inputs = case.make_inputs(rng, shape)
+    originals = [np.copy(a) for a in inputs]
+    expected = _as_tuple(case.reference(*inputs))
+
+    compiled = kernel(case.id).specialize(*inputs, options=options)
+    got = _as_tuple(compiled(*inputs))
+
+    spec = options.to_spec() or "default"
+    assert len(got) == len(expected), f"{case.id} [{spec}]: {len(got)} outputs, expected {len(expected)}"
+    for k, (g, e) in enumerate(zip(got, expected)):
+        g, e = np.asarray(g), np.asarray(e)
+        what = f"{case.id} output {k} at {shape_id(shape)} with options [{spec}]"
+        assert g.shape == e.shape, f"{what}: shape {g.shape}, expected {e.shape}"
+        assert g.dtype == e.dtype, f"{what}: dtype {g.dtype}, expected {e.dtype}"
+        rtol, atol = tolerance(e.dtype, case.reduction(shape))
+        if rtol == 0 and atol == 0:
+            np.testing.assert_array_equal(g, e, err_msg=what)
+        else:
+            np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=what)
+    for k, (a, orig) in enumerate(zip(inputs, originals)):
+        np.testing.assert_array_equal(a, orig, err_msg=f"{case.id} [{spec}]: input {k} was modified")
+    return compiled, got
+
+
+def _params(option_sets: dict, case_ids):
+    for case_id in case_ids:
+        for label, options in option_sets.items():
+            yield pytest.param(case_id, options, id=f"{case_id}[{label}]")
+
+
+@pytest.mark.parametrize("case_id,options", list(_params(ALL_OPTIONS, [c.id for c in CASES])))
+def test_every_kernel_under_distinct_options(case_id: str, options: Options):
+    case = CASES_BY_ID[case_id]
+    run_case(case, sweep_shape(case), options)
+
+
+@pytest.mark.parametrize("case_id,options", list(_params(FUSION_OPTIONS, [c.id for c in CASES])))
+def test_fusion_strategies(case_id: str, options: Options):
+    if statement_count(case_id) < 2:
+        pytest.skip("one statement: nothing to fuse")
+    case = CASES_BY_ID[case_id]
+    run_case(case, sweep_shape(case), options)
+
+
+@pytest.mark.parametrize("case_id,options", list(_params(SUBSET_OPTIONS, SUBSET)))
+def test_subset_under_more_options(case_id: str, options: Options):
+    case = CASES_BY_ID[case_id]
+    run_case(case, sweep_shape(case), options)
+
+
+@pytest.mark.parametrize("case_id,shape", [pytest.param(c, s, id=f"{c}[{shape_id(s)}]")
+                                           for c, s in PARALLEL_SHAPES])
+def test_parallel_code_runs_and_matches(case_id: str, shape: dict):
+    case = CASES_BY_ID[case_id]
+    two, got_two = run_case(case, shape, Options(parallel=True, threads=2))
+    assert "parallel" in two.stage("ast"), f"{case_id} at {shape_id(shape)}: no parallel loop in the AST"
+    one, got_one = run_case(case, shape, Options(parallel=True, threads=1))
+    # splitting the outermost coincident loop across threads must not change any element's computation
+    for k, (a, b) in enumerate(zip(got_one, got_two)):
+        np.testing.assert_array_equal(a, b, err_msg=f"{case_id} output {k}: 2 threads differ from 1")
+
+
+def test_sweep_covers_the_library():
+    """Every def of the library is in the sweep, and every subset/parallel entry names a real case."""
+    assert {c.id for c in CASES} == {f"{c.family}.{c.name}" for c in CASES}
+    for case_id in SUBSET + tuple(c for c, _ in PARALLEL_SHAPES):
+        assert case_id in CASES_BY_ID, case_id
+    families = {c.family for c in CASES}
+    assert families == set(polyc.kernels.names())
+
+
+def test_sweep_shapes_have_partial_tiles():
+    """Each sweep shape has an odd extent above the tiny tile size, so tile_sizes=3 leaves partial tiles."""
+    for case in CASES:
+        shape = sweep_shape(case)
+        assert any(v % 2 == 1 and v > 3 for v in shape.values()), f"{case.id}: {shape_id(shape)}"
