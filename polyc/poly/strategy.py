@@ -281,9 +281,9 @@ def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: i
     # down, then [ur, vr] itself: band_sink puts a band at the bottom of each leaf, so every statement
     # ends with its own copy of the loops in the original order, then ur, vr
     below = inner.child(0)
-    while below.get_type() == isl.schedule_node_type.band:
+    while below.get_type() == isl.schedule_node_type.band and _branches(below):
         below = below.band_sink()
-    inner = below.parent().band_sink()
+    inner = node_at(below.get_schedule(), inner_path).band_sink()
     schedule = inner.get_schedule()
     for leaf in reversed(_leaf_bands(node_at(schedule, inner_path), width)):
         band = node_at(schedule, leaf)
@@ -291,6 +291,12 @@ def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: i
             band = insert_mark(band_split(band, 1), "unroll").child(0)
         schedule = insert_mark(band, "vector").get_schedule()
     return node_at(schedule, inner_path)
+
+
+def _branches(node: isl.ScheduleNode) -> bool:
+    """Whether the subtree below ``node`` holds a sequence or set (where ``band_sink`` distributes loops)."""
+    kinds = (isl.schedule_node_type.sequence, isl.schedule_node_type.set)
+    return any(node.child(k).get_type() in kinds or _branches(node.child(k)) for k in range(node.n_children()))
 
 
 def _leaf_bands(top: isl.ScheduleNode, width: int) -> list[tuple[int, ...]]:
