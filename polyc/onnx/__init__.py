@@ -10,5 +10,6 @@ The stages live in their own modules: ``load`` (checker, shape inference), ``gra
 """
 from . import backend
 from .api import CompiledModel, compile, compile_kernels
+from .load import ModelError
 
-__all__ = ["compile", "CompiledModel", "compile_kernels", "backend"]
+__all__ = ["compile", "CompiledModel", "compile_kernels", "backend", "ModelError"]

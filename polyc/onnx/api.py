@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Mapping, Sequence
 
@@ -148,11 +149,12 @@ class CompiledModel:
 
 
 def compile(model_or_path: ModelLike, options=None, input_shapes: Mapping[str, Sequence[int]] | None = None,
-            progress: bool = False) -> CompiledModel:
+            progress: bool | None = None) -> CompiledModel:
     """Compile an ONNX model (a path, bytes or ModelProto) into a :class:`CompiledModel`.
 
     ``options`` (a :class:`polyc.Options`) apply to every kernel; ``input_shapes`` pins dynamic input dims
-    (``{"data": (1, 3, 224, 224)}``). Raises :class:`~polyc.errors.UnsupportedError` listing every unsupported
+    (``{"data": (1, 3, 224, 224)}``); ``progress`` shows a tqdm bar while kernels compile (default: when
+    stderr is a terminal). Raises :class:`~polyc.errors.UnsupportedError` listing every unsupported
     node before any kernel is compiled, and :class:`~polyc.errors.ShapeError` for a dynamic dimension.
     """
     seconds = {}
@@ -170,6 +172,8 @@ def compile(model_or_path: ModelLike, options=None, input_shapes: Mapping[str, S
     plan = plan_memory(graph, groups)
     seconds["lower"] = time.perf_counter() - t
     t = time.perf_counter()
+    if progress is None:
+        progress = sys.stderr.isatty()
     steps, timings = compile_kernels(kernels, options, progress)
     seconds["kernels"] = time.perf_counter() - t
     constants = dict(graph.graph["constants"])

@@ -38,9 +38,7 @@ def _read(model: ModelLike) -> onnx.ModelProto:
         return onnx.load_model_from_string(model)
     try:
         return onnx.load(os.fspath(model))
-    except (OSError, onnx.onnx_cpp2py_export.checker.ValidationError) as e:  # pragma: no cover
-        raise ModelError(f"cannot read ONNX model {model!r}: {e}") from e
-    except Exception as e:  # protobuf DecodeError and friends
+    except Exception as e:  # OSError, protobuf's DecodeError and friends
         raise ModelError(f"cannot read ONNX model {model!r}: {e}") from e
 
 
@@ -57,7 +55,7 @@ def _dims(vi: onnx.ValueInfoProto) -> list:
         return None
     out = []
     for d in t.shape.dim:
-        if d.HasField("dim_value") and d.dim_value > 0:
+        if d.HasField("dim_value"):
             out.append(int(d.dim_value))
         else:
             out.append(d.dim_param or "?")
@@ -91,6 +89,8 @@ def _check_static_inputs(model: onnx.ModelProto) -> None:
         if dims is None:
             raise ShapeError(f"input {vi.name!r} has no shape in the model",
                              hint=f'pin it with input_shapes={{"{vi.name}": (...)}}')
+        if any(d == 0 for d in dims):
+            raise UnsupportedError(f"input {vi.name!r} has shape {tuple(dims)}: zero-size tensors are not supported")
         if any(not isinstance(d, int) for d in dims):
             shown = ", ".join(str(d) for d in dims)
             example = ", ".join(str(d) if isinstance(d, int) else "1" for d in dims)

@@ -64,18 +64,9 @@ def lit(value, dtype=np.float32) -> str:
     return f"({text})" if text.startswith("-") else text
 
 
-#: Write ``k*e`` in index expressions as ``e+e+...`` (k terms). It worked around the core writing isl text for
-#: constant multiplication as ``(2) * (i)``, which isl does not parse; fixed in the core, so off.
-MUL_AS_SUM = False
-
-
 def times(k: int, expr: str) -> str:
-    """Index text for ``k*expr`` (``k`` a positive int)."""
-    if k == 1:
-        return expr
-    if MUL_AS_SUM:
-        return "+".join([expr] * k)
-    return f"{k}*{expr}"
+    """Index text for ``k*expr`` (``k`` a positive int), constant first as in ``2*i2``."""
+    return expr if k == 1 else f"{k}*{expr}"
 
 
 @dataclass(frozen=True)

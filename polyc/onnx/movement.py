@@ -28,6 +28,7 @@ def _shift(i: str, off: int) -> str:
 
 
 def concat(b: Builder, node):
+    """Concat: the joined axis picks its input with a chain of ``?:``."""
     ys, dtype = b.out_shape(node), b.out_dtype(node)
     axis = _axis(_attr(node, "axis", 0 if b.opset < 4 else None), len(ys))
     parts, off = [], 0
@@ -52,6 +53,7 @@ def concat(b: Builder, node):
 
 
 def split(b: Builder, node):
+    """Split: sizes from the attribute (< 13), the input (>= 13) or ``num_outputs`` (>= 18)."""
     x = b.input(node, 0)
     axis = _axis(_attr(node, "axis", 0), len(x.shape))
     outs, off = [], 0
@@ -87,6 +89,7 @@ def _slice_params(b: Builder, node):
 
 
 def slice_(b: Builder, node):
+    """Slice: starts/ends/axes attributes before opset 10, inputs (with steps) after."""
     x = b.input(node, 0)
     ys = b.out_shape(node)
     starts, ends, axes, steps = _slice_params(b, node)
@@ -110,6 +113,7 @@ def slice_(b: Builder, node):
 
 
 def transpose(b: Builder, node):
+    """Transpose by ``perm`` (default: reversed dims)."""
     x = b.input(node, 0)
     rank = len(x.shape)
     perm = list(_attr(node, "perm", list(range(rank - 1, -1, -1))))
@@ -124,6 +128,7 @@ def transpose(b: Builder, node):
 
 
 def pad(b: Builder, node):
+    """Pad, constant mode: pads/value attributes before opset 11, inputs (and axes >= 18) after."""
     x = b.input(node, 0)
     ys, rank = b.out_shape(node), len(x.shape)
     if b.opset < 11:
@@ -157,6 +162,7 @@ def pad(b: Builder, node):
 
 
 def gather(b: Builder, node):
+    """Gather along ``axis``; constant indices are normalised at compile time."""
     x = b.input(node, 0)
     rank = len(x.shape)
     axis = _axis(_attr(node, "axis", 0), rank)
@@ -187,47 +193,71 @@ def gather(b: Builder, node):
 
 # ---- Resize / Upsample ----------------------------------------------------------------------------------------
 
-def _resize_1d(in_n: int, out_n: int, scale: float, attrs: dict, opset: int, roi=None) -> np.ndarray:
-    """onnx's reference Resize on ``arange(in_n)`` (float64): source coordinate of each output position."""
-    inputs = [helper.make_tensor_value_info("x", 11, [in_n]), helper.make_tensor_value_info("roi", 11, [None]),
-              helper.make_tensor_value_info("scales", 1, [1])]
-    node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], **attrs)
-    graph = helper.make_graph([node], "r", inputs, [helper.make_tensor_value_info("y", 11, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", max(opset, 13))])
-    roi = np.array([], np.float64) if roi is None else np.asarray(roi, np.float64)
-    y = ReferenceEvaluator(model).run(None, {"x": np.arange(in_n, dtype=np.float64), "roi": roi,
-                                             "scales": np.array([scale], np.float32)})[0]
-    if y.shape[0] != out_n:
-        raise ValueError(f"reference Resize gave {y.shape[0]} points, expected {out_n}")
-    return y
+def _resize_coords(b: Builder, node, x_shape, ys, attrs: dict) -> list:
+    """Per dim, the source coordinate of each output position (None where the dim is not resized).
 
-
-def _resize_scales(b: Builder, node, x_shape, ys):
-    """Per-dim scale used by the coordinate transform."""
+    onnx's reference Resize (opset 13+ form) runs on a float64 tensor holding each position's own index along
+    dim ``d``: nearest then returns the picked index and linear the interpolated coordinate, so every
+    coordinate mode, rounding mode, ``axes`` and ``keep_aspect_ratio_policy`` matches onnx exactly.
+    """
     rank = len(x_shape)
-    if node["op"] == "Upsample":
-        scales = _attr(node, "scales", None) if b.opset < 9 else b.const_input(node, 1, "scales")
-        return [float(s) for s in np.asarray(scales).reshape(-1)]
-    if b.opset < 11:
-        return [float(s) for s in b.const_input(node, 1, "scales").reshape(-1)]
-    scales = b.const_input(node, 2, "scales")
-    sizes = b.const_input(node, 3, "sizes")
-    axes = _attr(node, "axes", None)
-    axes = list(range(rank)) if axes is None else [_axis(a, rank) for a in axes]
-    out = [1.0] * rank
-    if scales is not None and scales.size:
-        for a, s in zip(axes, scales.reshape(-1)):
-            out[a] = float(s)
-        return out
-    sizes = [int(s) for s in sizes.reshape(-1)]
-    policy = _attr(node, "keep_aspect_ratio_policy", "stretch")
-    ratios = [sizes[k] / x_shape[a] for k, a in enumerate(axes)]
-    for k, a in enumerate(axes):
-        out[a] = ratios[k] if policy == "stretch" else (min(ratios) if policy == "not_larger" else max(ratios))
-    return out
+    if node["op"] == "Upsample" or b.opset < 11:
+        scales = _attr(node, "scales", None) if node["op"] == "Upsample" and b.opset < 9 else \
+            b.const_input(node, 1, "scales")
+        feeds = {"roi": np.array([], np.float64), "scales": np.asarray(scales, np.float32).reshape(-1)}
+        names = ["x", "roi", "scales"]
+        opset = 13
+    else:
+        names, feeds = ["x"], {}
+        for k, key in ((1, "roi"), (2, "scales"), (3, "sizes")):
+            value = b.const_input(node, k, key)
+            names.append(key if value is not None else "")
+            if value is not None:
+                feeds[key] = value
+        while names and names[-1] == "":
+            names.pop()
+        opset = max(b.opset, 13)
+        for key in ("axes", "keep_aspect_ratio_policy", "extrapolation_value"):
+            if key in node["attrs"]:
+                attrs[key] = _attr(node, key)
+    # dims whose scale is exactly 1 are left alone by every mode: run the reference with extent 1 there
+    axes = [_axis(a, rank) for a in attrs.get("axes", range(rank))]
+    keep = [False] * rank
+    if "scales" in feeds and np.size(feeds["scales"]):
+        for a, sc in zip(axes, np.asarray(feeds["scales"]).reshape(-1)):
+            keep[a] = sc == 1.0 and x_shape[a] == ys[a]
+    elif "sizes" in feeds and attrs.get("keep_aspect_ratio_policy", "stretch") == "stretch":
+        for a, sz in zip(axes, np.asarray(feeds["sizes"]).reshape(-1)):
+            keep[a] = sz == x_shape[a] == ys[a]
+    small_x = [1 if keep[d] else x_shape[d] for d in range(rank)]
+    small_y = [1 if keep[d] else ys[d] for d in range(rank)]
+    if "sizes" in feeds and np.size(feeds["sizes"]):
+        feeds["sizes"] = np.array([1 if keep[a] else int(sz) for a, sz in
+                                   zip(axes, np.asarray(feeds["sizes"]).reshape(-1))], np.int64)
+    ref_node = helper.make_node("Resize", names, ["y"], **attrs)
+    vis = [helper.make_tensor_value_info("x", 11, small_x)] + [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.asarray(feeds[n]).dtype),
+                                      list(np.shape(feeds[n]))) for n in names[1:] if n]
+    graph = helper.make_graph([ref_node], "resize", vis, [helper.make_tensor_value_info("y", 11, None)])
+    evaluator = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
+    coords = []
+    for d in range(rank):
+        if keep[d]:
+            coords.append(None)
+            continue
+        shape = [1] * rank
+        shape[d] = x_shape[d]
+        index = np.broadcast_to(np.arange(x_shape[d], dtype=np.float64).reshape(shape), small_x)
+        y = evaluator.run(None, {"x": np.ascontiguousarray(index), **feeds})[0]
+        if list(y.shape) != small_y:
+            raise ValueError(f"reference Resize gave shape {y.shape}, expected {tuple(small_y)}")
+        line = y[tuple(slice(None) if k == d else 0 for k in range(rank))]
+        coords.append(None if np.array_equal(line, np.arange(ys[d])) else line)
+    return coords
 
 
 def resize(b: Builder, node):
+    """Resize (opset 10+) and Upsample: nearest and (n-)linear through compile-time tables."""
     x = b.input(node, 0)
     ys = b.out_shape(node)
     mode = _attr(node, "mode", "nearest")
@@ -238,11 +268,7 @@ def resize(b: Builder, node):
         for key in ("coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside"):
             if key in node["attrs"]:
                 attrs[key] = _attr(node, key)
-    scales = _resize_scales(b, node, x.shape, ys)
-    coords = []
-    for d, (n_in, n_out) in enumerate(zip(x.shape, ys)):
-        y = _resize_1d(n_in, n_out, scales[d], attrs, b.opset)
-        coords.append(None if np.array_equal(y, np.arange(n_out)) else y)
+    coords = _resize_coords(b, node, x.shape, ys, attrs)
     if mode == "nearest":
         tables = [None if c is None else b.constant_table(np.rint(c).astype(np.int32), f"near{d}")
                   for d, c in enumerate(coords)]

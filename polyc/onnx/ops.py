@@ -147,6 +147,7 @@ gelu = _unary(_gelu_text, True)
 
 
 def cast(b: Builder, node):
+    """Cast: ``to`` as a TC conversion (``float(e)``, ``int64(e)``; to bool: ``e != 0``)."""
     x = b.input(node, 0)
     to = np.dtype(helper.tensor_dtype_to_np_dtype(_attr(node, "to")))
     from .lower import tc_type
@@ -205,6 +206,7 @@ mean = _nary(lambda ts, t, n: f"(({' + '.join(ts)}) / {lit(len(ts), t)})")
 
 
 def pow_(b: Builder, node):
+    """Pow with numpy broadcasting; a constant exponent 1, 2, 3 becomes products, 0.5 ``sqrt``."""
     exponent = node["inputs"][1]
     if exponent in b.consts and np.asarray(b.consts[exponent]).size == 1:
         e = float(np.asarray(b.consts[exponent]).reshape(-1)[0])
@@ -219,6 +221,7 @@ def pow_(b: Builder, node):
 
 
 def clip(b: Builder, node):
+    """Clip: bounds from attributes ``min``/``max`` before opset 11, from optional inputs after."""
     x = b.input(node, 0)
     dtype = b.out_dtype(node)
     if b.opset < 11:
@@ -256,6 +259,7 @@ def batchnorm(b: Builder, node):
 # ---- anchors: Conv, ConvTranspose, Gemm, MatMul ---------------------------------------------------------------
 
 def conv(b: Builder, node):
+    """Conv (1-D/2-D/3-D): pads, strides, dilations, group, auto_pad; padding reads guarded by ``?:``."""
     x, w, bias = b.input(node, 0), b.input(node, 1), b.input(node, 2)
     ys = b.out_shape(node)
     nsp, kernel, strides, dil = _spatial(b, node, x, w.shape)
@@ -288,6 +292,7 @@ def conv(b: Builder, node):
 
 
 def conv_transpose(b: Builder, node):
+    """ConvTranspose as a gather: ``x = (y + pad - k*dil) / stride`` where it divides exactly."""
     x, w, bias = b.input(node, 0), b.input(node, 1), b.input(node, 2)
     ys = b.out_shape(node)
     nsp, kernel, strides, dil = _spatial(b, node, x, w.shape)
@@ -328,6 +333,7 @@ def conv_transpose(b: Builder, node):
 
 
 def gemm(b: Builder, node):
+    """Gemm: ``alpha * A' B' + beta * C`` with transA/transB and a broadcast C."""
     a, m, c = b.input(node, 0), b.input(node, 1), b.input(node, 2)
     ta, tb = _attr(node, "transA", 0), _attr(node, "transB", 0)
     alpha, beta = _attr(node, "alpha", 1.0), _attr(node, "beta", 1.0)
@@ -358,6 +364,7 @@ def _batch_index(shape, out_batch, idx):
 
 
 def matmul(b: Builder, node):
+    """MatMul with numpy semantics: batched, broadcast batch dims, 1-D operands promoted."""
     a, m = b.input(node, 0), b.input(node, 1)
     ys, dtype = b.out_shape(node), b.out_dtype(node)
     ar, mr = len(a.shape), len(m.shape)
@@ -386,6 +393,7 @@ def _pool_geometry(b, node, x, ys):
 
 
 def max_pool(b: Builder, node):
+    """MaxPool: pads (padding never wins), strides, dilations, ceil_mode, auto_pad."""
     x = b.input(node, 0)
     ys = b.out_shape(node)
     nsp, kernel, strides, dil, pb = _pool_geometry(b, node, x, ys)
@@ -407,6 +415,7 @@ def _window_counts(in_n, out_n, k, s, d, pb, lo, hi):
 
 
 def average_pool(b: Builder, node):
+    """AveragePool: the window sum divided by a compile-time count (count_include_pad, ceil_mode)."""
     x = b.input(node, 0)
     ys = b.out_shape(node)
     nsp, kernel, strides, dil, pb = _pool_geometry(b, node, x, ys)
@@ -460,6 +469,7 @@ global_max_pool = _global_pool("max=!")
 
 
 def lrn(b: Builder, node):
+    """LRN across channels: ``x / (bias + alpha/size * sum x^2) ^ beta``."""
     x = b.simple(b.input(node, 0))
     size = _attr(node, "size")
     alpha, beta, bias = _attr(node, "alpha", 1e-4), _attr(node, "beta", 0.75), _attr(node, "bias", 1.0)
@@ -527,6 +537,7 @@ def log_softmax_v13(b: Builder, node):
 
 
 def layer_normalization(b: Builder, node):
+    """LayerNormalization over the dims from ``axis`` on; optional Mean and InvStdDev outputs."""
     x = b.simple(b.input(node, 0))
     scale, bias = b.input(node, 1), b.input(node, 2)
     rank, t = len(x.shape), x.dtype

@@ -15,7 +15,7 @@ import numpy as np
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from ..errors import ShapeError
+from ..errors import ShapeError, UnsupportedError
 from .graph import (TensorInfo, _export_attr, add_op, connect, consumers, copy_graph, fresh_name, producer,
                     remove_op, replace_uses, set_constant, to_model, topo_order)
 from .load import infer_shapes
@@ -26,10 +26,6 @@ NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
 
 #: Ops that forward their first input unchanged at inference time.
 FORWARDING = {"Identity", "Dropout"}
-
-#: Constants above this many elements are not produced by folding ops other than ConstantOfShape and
-#: layout ops (a 100 M-element Expand would be a bad surprise in memory).
-FOLD_LIMIT = 1 << 26
 
 
 def _forward(g: nx.DiGraph, out: str, src: str) -> bool:
@@ -324,6 +320,9 @@ def infer_static_shapes(g: nx.DiGraph) -> nx.DiGraph:
             if t not in infos:
                 raise ShapeError(f"tensor {t!r} written by node {nid} ({d['op']}) has no static shape "
                                  f"after shape inference", hint="pin dynamic input dims with input_shapes=")
+            if 0 in infos[t].shape:
+                raise UnsupportedError(f"tensor {t!r} written by node {nid} ({d['op']}) has shape "
+                                       f"{infos[t].shape}: zero-size tensors are not supported")
             g.graph["tensors"][t] = infos[t]
     return g
 

@@ -222,7 +222,8 @@ def _statement(name, indices, domain, cs, op, rhs, sizes, shapes) -> PolyStateme
     if op != "init":
         for text in _read_texts(rhs, name, indices, sizes, shapes, guard=None):
             reads = reads.union(isl.UnionMap(text).intersect_domain(isl.UnionSet.from_set(domain)))
-    return PolyStatement(name, tuple(indices), domain, stmt.tensor, lhs, op, rhs, write, reads, stmt.span)
+    return PolyStatement(name, tuple(indices), domain.coalesce(), stmt.tensor, lhs, op, rhs, write.coalesce(),
+                         reads.coalesce(), stmt.span)
 
 
 def _read_texts(expr, name, indices, sizes, shapes, guard):

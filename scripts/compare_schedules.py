@@ -1,0 +1,442 @@
+#!/usr/bin/env python
+"""Compare schedules of one kernel: what each polyhedral transformation buys.
+
+Compiles one def of a ``.tc`` file for the given sizes under a ladder of schedule variants, runs each on the
+same random inputs, checks every variant's outputs against the first one's (source order; ``allclose`` for
+floating point, exact for integers), and prints a markdown table::
+
+    | variant | options | compile ms | ms | GFLOP/s | speedup |
+
+The variants (``--variants`` picks a subset by name, ``--variant NAME=SPEC`` adds your own):
+
+- ``source order``: the identity scheduler (the loops as written) with every transform off;
+- ``isl``: isl's schedule, transforms off (``Options.naive()``);
+- ``+ tile``, ``+ register tile``, ``+ vectorize``, ``+ promote``, ``+ parallel``: each adds one transform
+  to the previous (``+ parallel`` is the full default strategy on ``--threads`` threads);
+- ``fusion=max`` / ``fusion=min``: the default strategy with isl's maximal / minimal fusion;
+- ``tile AxBxC``: the default strategy with forced cache tile sizes (``--tile-sizes``).
+
+``ms`` is the median of ``--runs`` calls after one warm-up call (compile time is separate: the disk cache is
+off, ``POLYC_CACHE_DIR=off``, unless you set it). GFLOP/s uses ``--flops EXPR`` (an expression in the sizes,
+e.g. ``2*M*N*K``) or, without it, a count derived from the def: per statement, its instances (when its
+domain is a box) times the ``+ - * /`` operators and calls of its right-hand side, plus one for a
+reduction update. ``--png FILE`` writes a bar chart (needs matplotlib).
+
+Run it as::
+
+    python scripts/compare_schedules.py kernels/matmul.tc --def matmul --sizes M=512,N=512,K=512
+    python scripts/compare_schedules.py kernels/softmax.tc --def softmax --sizes N=256,D=1024 --png sm.png
+    python scripts/compare_schedules.py conv2d --def conv2d --sizes N=1,C=64,H=58,W=58,M=64,KH=3,KW=3 \\
+        --variant "mine=tile_sizes=8x32x64,fusion=min"
+
+(a family name of the library, like ``conv2d``, stands for ``kernels/conv2d.tc``). Exit status: 0 when every
+variant matched, 1 when one did not, 2 for a usage error or a missing matplotlib with ``--png``.
+Uses polyc's public API only.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("POLYC_CACHE_DIR", "off")
+
+import numpy as np  # noqa: E402
+
+import polyc  # noqa: E402
+from polyc import Options  # noqa: E402
+
+DEFAULT_TILE_SIZES = ("32x32x32", "64x64x128", "128x256x256")
+
+
+# ---- variants ----------------------------------------------------------------------------------------------
+
+def variants(threads: int | None, tile_sizes) -> list[tuple[str, Options]]:
+    """The ladder of (name, options), source order first."""
+    naive = Options.naive()
+    out = [("source order", naive.replace(scheduler="identity")),
+           ("isl", naive)]
+    step = naive
+    for name, change in (("+ tile", dict(tile=True)), ("+ register tile", dict(register_tile=True)),
+                         ("+ vectorize", dict(vectorize=True)), ("+ promote", dict(promote=True)),
+                         ("+ parallel", dict(parallel=True, threads=threads))):
+        step = step.replace(**change)
+        out.append((name, step))
+    full = Options(threads=threads)
+    out.append(("fusion=max", full.replace(fusion="max")))
+    out.append(("fusion=min", full.replace(fusion="min")))
+    for spec in tile_sizes:
+        sizes = tuple(int(s) for s in spec.split("x"))
+        out.append((f"tile {spec}", full.replace(tile_sizes=sizes)))
+    return out
+
+
+# ---- inputs, flops -----------------------------------------------------------------------------------------
+
+def parse_sizes(text: str) -> dict:
+    sizes = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise SystemExit(f"--sizes: expected NAME=VALUE, got {part!r}")
+        try:
+            sizes[name.strip()] = int(value)
+        except ValueError:
+            raise SystemExit(f"--sizes: {name.strip()} must be an integer, got {value!r}") from None
+    return sizes
+
+
+def make_inputs(specs, sizes: dict, seed: int) -> list:
+    """Random inputs for the kernel's input tensors: standard normal floats, integers in ``[0, smallest
+    size)`` (so they are valid indices into any dimension), random booleans."""
+    rng = np.random.default_rng(seed)
+    low_extent = max(1, min(sizes.values())) if sizes else 1
+    arrays = []
+    for t in specs:
+        dtype = np.dtype(t.dtype)
+        if dtype.kind == "f":
+            a = rng.standard_normal(t.shape).astype(dtype)
+        elif dtype.kind == "b":
+            a = rng.random(t.shape) < 0.5
+        else:
+            a = rng.integers(0, low_extent, size=t.shape).astype(dtype)
+        arrays.append(np.asarray(a))
+    return arrays
+
+
+def def_body(source: str, name: str) -> str | None:
+    """The text between the braces of ``def name``."""
+    match = re.search(r"\bdef\s+" + re.escape(name) + r"\s*\(", source)
+    if not match:
+        return None
+    start = source.find("{", match.end())
+    depth, i = 0, start
+    while i < len(source):
+        if source[i] == "{":
+            depth += 1
+        elif source[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return source[start + 1:i]
+        i += 1
+    return None
+
+
+STATEMENT_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*\(([^)]*)\)\s*(\+=!|\*=!|max=!|min=!|\+=|\*=|max=|min=|=)(.*)$")
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """Split ``text`` on ``sep`` outside parentheses."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+TOKEN_RE = re.compile(r"\s*(\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|[A-Za-z_]\w*|&&|\|\||[<>=!]=|.)")
+
+
+def _expr_ops(text: str, tensors: set) -> int:
+    """Binary + - * / and function calls in an expression; tensor index arithmetic and the condition of a
+    ``c ? a : b`` select are not counted."""
+    tokens = [t for t in TOKEN_RE.findall(text) if t.strip()]
+    ops, prev_operand, i = 0, False, 0
+    # only the branches of a top-level select count
+    level, question = 0, None
+    for k, tok in enumerate(tokens):
+        level += (tok == "(") - (tok == ")")
+        if tok == "?" and level == 0:
+            question = k
+            break
+    if question is not None:
+        tokens = tokens[question + 1:]
+    while i < len(tokens):
+        tok = tokens[i]
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if re.match(r"[A-Za-z_]", tok) and nxt == "(":
+            if tok in tensors:  # an access: skip its index list
+                depth = 0
+                i += 1
+                while i < len(tokens):
+                    depth += (tokens[i] == "(") - (tokens[i] == ")")
+                    i += 1
+                    if depth == 0:
+                        break
+                prev_operand = True
+                continue
+            ops += 1  # a call
+            prev_operand = False
+        elif tok in "+-*/" and prev_operand:
+            ops += 1
+            prev_operand = False
+        elif tok == ")" or re.match(r"[\w.]", tok):
+            prev_operand = True
+        else:
+            prev_operand = False
+        i += 1
+    return ops
+
+
+def _rhs_ops(rhs: str, tensors: set) -> int:
+    """Flops of one right-hand side: the expression and the expressions bound by ``where x = ...``
+    (range clauses ``i in 0:N`` carry none)."""
+    main, _, bindings = rhs.partition(" where ")
+    bound = [b.split("=", 1)[1] for b in _split_top(bindings, ",") if "=" in b and " in " not in b]
+    return sum(_expr_ops(text, tensors) for text in [main] + bound)
+
+
+def box_instances(domain_text: str) -> dict:
+    """Statement name -> number of instances, for statements whose domain (in the ``domain`` stage) is a
+    box ``lo <= i <= hi and ...``; other statements are left out."""
+    counts = {}
+    for m in re.finditer(r"domain:\s*\{\s*(S\d+)\[([^\]]*)\]\s*(?::\s*([^}]*))?\}", domain_text):
+        name, dims, cond = m.group(1), [d.strip() for d in m.group(2).split(",") if d.strip()], m.group(3) or ""
+        bounds = {}
+        ok = True
+        for clause in filter(None, (c.strip() for c in cond.split(" and "))):
+            b = re.fullmatch(r"(-?\d+)\s*<=\s*(\w+)\s*<=\s*(-?\d+)", clause)
+            if b and b.group(2) in dims:
+                bounds[b.group(2)] = int(b.group(3)) - int(b.group(1)) + 1
+            else:
+                ok = False
+        if ok and set(bounds) == set(dims):
+            counts[name] = math.prod(bounds.values())
+    return counts
+
+
+def derived_flops(compiled, source: str, name: str) -> float | None:
+    """A flop count from the def's statements and the compiled domains (None when it cannot be had)."""
+    body = def_body(source, name)
+    if body is None:
+        return None
+    domain = compiled.stage("domain")
+    header = re.findall(r"^\s*S(\d+):\s*\S+\s+(\S+)", domain, re.MULTILINE)
+    kinds = [(f"S{n}", op) for n, op in header]
+    source_statements = [s for s in (line.split("#", 1)[0] for line in body.splitlines()) if s.strip()]
+    # continuation lines (a where clause on its own line) belong to the statement above
+    statements = []
+    for line in source_statements:
+        if STATEMENT_RE.match(line):
+            statements.append(line)
+        elif statements:
+            statements[-1] += " " + line.strip()
+    sig = re.search(r"\bdef\s+" + re.escape(name) + r"\s*\((.*?)\)\s*->", source, re.S)
+    tensors = set(re.findall(r"\)\s*([A-Za-z_]\w*)", sig.group(1))) if sig else set()
+    tensors |= set(re.findall(r"\b(?:float|double|int\d*|uint\d*|bool|half)\s+([A-Za-z_]\w*)", sig.group(1))) \
+        if sig else set()
+    tensors |= {STATEMENT_RE.match(s).group(1) for s in statements}
+    real = [(s, op) for s, op in kinds if op != "init"]
+    if len(real) != len(statements):
+        return None
+    instances = box_instances(domain)
+    total = 0
+    for (stmt, _), line in zip(real, statements):
+        if stmt not in instances:
+            return None
+        m = STATEMENT_RE.match(line)
+        ops = _rhs_ops(m.group(4), tensors) + (0 if m.group(3) == "=" else 1)
+        total += instances[stmt] * ops
+    return float(total)
+
+
+# ---- timing ------------------------------------------------------------------------------------------------
+
+def time_calls(fn, runs: int) -> float:
+    """Median seconds of ``runs`` calls after one warm-up call."""
+    fn()
+    samples = []
+    for _ in range(max(1, runs)):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+def matches(a: np.ndarray, b: np.ndarray) -> tuple[bool, str]:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False, f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
+    if a.dtype.kind != "f":
+        same = np.array_equal(a, b)
+        return same, "" if same else f"{int(np.sum(a != b))} elements differ"
+    scale = float(np.max(np.abs(b))) if b.size else 0.0
+    rtol, atol = (1e-3, 1e-4 * max(scale, 1.0)) if a.dtype.itemsize <= 4 else (1e-9, 1e-12 * max(scale, 1.0))
+    ok = np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+    return ok, "" if ok else f"max abs error {float(np.max(np.abs(a.astype(np.float64) - b))):.3g}"
+
+
+# ---- main --------------------------------------------------------------------------------------------------
+
+def load_source(path_or_family: str) -> tuple[str, str]:
+    path = Path(path_or_family)
+    if path.is_file():
+        return path.read_text(encoding="utf-8"), str(path)
+    import polyc.kernels
+    family = path.stem if path.suffix == ".tc" else path_or_family
+    if family in polyc.kernels.names():
+        return polyc.kernels.source(family), str(polyc.kernels.path(family))
+    raise SystemExit(f"no such file: {path_or_family} (and no kernel family of that name; "
+                     f"families: {', '.join(polyc.kernels.names())})")
+
+
+def fmt(value, digits=3) -> str:
+    if value is None:
+        return "—"
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.{digits}g}" if value < 1 else f"{value:.2f}"
+
+
+def write_png(path: str, rows, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["variant"] for r in rows]
+    speedups = [r["speedup"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(rows)), 4.0))
+    bars = ax.bar(range(len(rows)), speedups, color=["#888888" if r["ok"] else "#cc3333" for r in rows])
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(names, rotation=35, ha="right")
+    ax.set_ylabel("speedup over source order")
+    if max(speedups) / max(min(speedups), 1e-9) > 30:
+        ax.set_yscale("log")
+    for bar, r in zip(bars, rows):
+        ax.annotate(f"{r['ms']:.3g} ms", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=7)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kernel", help="a .tc file (or the name of a family of the library, e.g. matmul)")
+    ap.add_argument("--def", dest="name", default=None, help="the def to compile (needed when the file has several)")
+    ap.add_argument("--sizes", required=True, help="every size of the def, e.g. M=512,N=512,K=512")
+    ap.add_argument("--runs", type=int, default=5, help="timed calls per variant (median); default 5")
+    ap.add_argument("--threads", type=int, default=None, help="threads of the parallel variants (default: all cores)")
+    ap.add_argument("--flops", default=None, help="flop count as an expression in the sizes, e.g. 2*M*N*K")
+    ap.add_argument("--tile-sizes", default=",".join(DEFAULT_TILE_SIZES),
+                    help="comma-separated forced tile sizes to compare (default %(default)s; '' for none)")
+    ap.add_argument("--variants", default=None,
+                    help="only these variants (comma-separated names as in the table; source order is always run)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=SPEC",
+                    help="an extra variant: a name and an Options spec, e.g. 'mine=tile_sizes=8x32x64,fusion=min'")
+    ap.add_argument("--png", default=None, help="write a bar chart of the speedups to this file (needs matplotlib)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    if args.png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("error: --png needs matplotlib, which is not installed (pip install matplotlib)", file=sys.stderr)
+            return 2
+
+    source, where = load_source(args.kernel)
+    sizes = parse_sizes(args.sizes)
+    try:
+        kernel = polyc.define(source, name=args.name)
+    except polyc.PolycError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    ladder = variants(args.threads, [s for s in args.tile_sizes.split(",") if s.strip()])
+    for extra in args.variant:
+        name, sep, spec = extra.partition("=")
+        if not sep:
+            print(f"error: --variant expects NAME=SPEC, got {extra!r}", file=sys.stderr)
+            return 2
+        try:
+            ladder.append((name.strip(), Options.from_spec(spec)))
+        except polyc.PolycError as exc:
+            print(f"error: --variant {name}: {exc}", file=sys.stderr)
+            return 2
+    if args.variants:
+        wanted = {w.strip() for w in args.variants.split(",")}
+        unknown = wanted - {n for n, _ in ladder}
+        if unknown:
+            print(f"error: unknown variants {sorted(unknown)}; known: {', '.join(n for n, _ in ladder)}",
+                  file=sys.stderr)
+            return 2
+        ladder = [ladder[0]] + [(n, o) for n, o in ladder[1:] if n in wanted]
+
+    flops = None
+    if args.flops:
+        try:
+            flops = float(eval(args.flops, {"__builtins__": {}}, dict(sizes)))  # noqa: S307 - a user's formula
+        except Exception as exc:
+            print(f"error: --flops {args.flops!r}: {exc}", file=sys.stderr)
+            return 2
+
+    rows = []
+    reference = None
+    inputs = None
+    for name, options in ladder:
+        t = time.perf_counter()
+        try:
+            compiled = kernel.specialize_sizes(sizes, options)
+        except polyc.PolycError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        compile_ms = (time.perf_counter() - t) * 1e3
+        if inputs is None:
+            inputs = make_inputs(compiled.inputs, sizes, args.seed)
+            if flops is None:
+                flops = derived_flops(compiled, source, kernel.name)
+        outs = [np.zeros(t.shape, t.dtype) for t in compiled.outputs]
+        compiled(*inputs, out=outs)
+        got = [o.copy() for o in outs]
+        if reference is None:
+            reference = got
+            ok, why = True, ""
+        else:
+            checks = [matches(g, r) for g, r in zip(got, reference)]
+            ok = all(c[0] for c in checks)
+            why = "; ".join(c[1] for c in checks if not c[0])
+        seconds = time_calls(lambda: compiled(*inputs, out=outs), args.runs)
+        rows.append(dict(variant=name, spec=options.to_spec() or "(default)", compile_ms=compile_ms,
+                         ms=seconds * 1e3, gflops=flops / seconds / 1e9 if flops else None, ok=ok, why=why))
+    base = rows[0]["ms"]
+    for r in rows:
+        r["speedup"] = base / r["ms"]
+
+    size_text = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    print(f"## {kernel.name} ({where}) at {size_text}\n")
+    print(f"median of {args.runs} runs after a warm-up; threads for the parallel variants: "
+          f"{args.threads or 'all cores'}; flops: "
+          f"{'%.4g' % flops if flops else 'unknown (pass --flops)'}"
+          f"{' (from --flops)' if args.flops else ' (derived from the def)' if flops else ''}\n")
+    print("| variant | options | compile ms | ms | GFLOP/s | speedup | check |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        check = "reference" if r is rows[0] else ("ok" if r["ok"] else f"MISMATCH: {r['why']}")
+        print(f"| {r['variant']} | `{r['spec']}` | {r['compile_ms']:.0f} | {fmt(r['ms'])} | {fmt(r['gflops'])} | "
+              f"{r['speedup']:.2f}x | {check} |")
+    if args.png:
+        write_png(args.png, rows, f"{kernel.name} at {size_text}")
+        print(f"\nwrote {args.png}")
+    bad = [r["variant"] for r in rows if not r["ok"]]
+    if bad:
+        print(f"\n{len(bad)} variant(s) did not match source order: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
