@@ -82,16 +82,63 @@ def cmd_run(args) -> None:
     print(f"{compiled.name}: median {statistics.median(times) * 1e3:.3f} ms over {len(times)} runs")
 
 
-def _run_model(args) -> None:
+def _compile_model(args):
     from . import onnx as ponnx
 
-    ponnx.run_command(args)
+    path = args.file or ponnx.light_model_path("resnet50")
+    options = Options(threads=args.threads) if getattr(args, "threads", None) else None
+    print(f"polyc: compiling {path}", file=sys.stderr)
+    t = time.perf_counter()
+    model = ponnx.compile(path, options, progress=True)
+    print(f"compiled in {time.perf_counter() - t:.1f} s")
+    return model
+
+
+def _feeds(model, specs: list[str]) -> dict:
+    """Feeds from ``NAME=file.npy`` specs; inputs not given get seeded random values."""
+    given = {}
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep:
+            raise PolycError(f"bad --input {spec!r}; expected NAME=file.npy")
+        given[name] = np.load(file)
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for name, shape, dtype in zip(model.input_names, model.input_shapes, model.input_dtypes):
+        if name in given:
+            feeds[name] = given.pop(name)
+        elif np.issubdtype(dtype, np.floating):
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[name] = rng.integers(0, 2, shape).astype(dtype)
+    if given:
+        raise PolycError(f"unknown input(s) {', '.join(given)}; the model's inputs are "
+                         f"{', '.join(model.input_names)}")
+    return feeds
+
+
+def _run_model(args) -> None:
+    model = _compile_model(args)
+    print(model.summary())
+    feeds = _feeds(model, args.input)
+    outputs = model.run(feeds)
+    for name, out in zip(model.output_names, outputs):
+        flat = out.reshape(-1)
+        top = int(np.argmax(flat)) if flat.size else -1
+        print(f"output {name}: {out.dtype}{list(out.shape)} min={flat.min():.6g} max={flat.max():.6g} "
+              f"mean={flat.mean():.6g} argmax={top}")
+    runs = args.bench or 5
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        model.run(feeds)
+        times.append(time.perf_counter() - t)
+    print(f"latency: median {statistics.median(times) * 1e3:.2f} ms over {runs} runs")
 
 
 def cmd_compile(args) -> None:
-    from . import onnx as ponnx
-
-    ponnx.compile_command(args)
+    model = _compile_model(args)
+    print(model.summary())
 
 
 def main(argv=None) -> int:
