@@ -514,12 +514,39 @@ def index_stride(e: L.Expr, strides: dict[str, int]) -> int | None:
 
 
 def flat_index(env: Env, tensor: str, dims: list[ir.Value], b: ir.IRBuilder) -> ir.Value:
-    """The C-order element offset ``((i0*d1 + i1)*d2 + i2)...`` of i64 indices ``dims`` (0 for a 0-d tensor)."""
+    """The C-order element offset ``((i0*d1 + i1)*d2 + i2)...`` of i64 indices ``dims`` (0 for a 0-d tensor).
+
+    Constant terms of the indices (``c3 + 2`` in an unrolled copy) are pulled out into one constant added
+    last, so the copies of an unrolled loop address ``same base + different constants``: LLVM's alias
+    analysis then tells their accumulators apart and keeps them in registers (an ``add`` that instcombine
+    turned into an ``or`` hid this before).
+    """
     shape = env.scop.tensor(tensor).shape
-    flat = const(I64, 0)
-    for k, (extent, value) in enumerate(zip(shape, dims)):
-        flat = value if k == 0 else b.add(b.mul(flat, const(I64, extent), flags=("nsw",)), value, flags=("nsw",))
-    return flat
+    flat = None
+    offset = 0
+    for extent, value in zip(shape, dims):
+        variable, constant = _split_constant(value)
+        offset = offset * extent + constant
+        if flat is not None:
+            flat = b.mul(flat, const(I64, extent), flags=("nsw",))
+        if variable is not None:
+            flat = variable if flat is None else b.add(flat, variable, flags=("nsw",))
+    if flat is None:
+        return const(I64, offset)
+    return b.add(flat, const(I64, offset), flags=("nsw",)) if offset else flat
+
+
+def _split_constant(value: ir.Value) -> tuple[ir.Value | None, int]:
+    """``(x, c)`` with ``value == x + c`` for an i64 ``add`` with a constant operand (``x`` None: constant)."""
+    if isinstance(value, ir.Constant) and isinstance(value.constant, int):
+        return None, value.constant
+    if isinstance(value, ir.Instruction) and value.opname == "add" and value.type == I64:
+        left, right = value.operands
+        lv, lc = _split_constant(left)
+        rv, rc = _split_constant(right)
+        if lv is None or rv is None:
+            return (rv if lv is None else lv), lc + rc
+    return value, 0
 
 
 def element_pointer(env: Env, tensor: str, flat: ir.Value, b: ir.IRBuilder) -> ir.Value:
