@@ -201,8 +201,13 @@ def box_instances(domain_text: str) -> dict:
     box ``lo <= i <= hi and ...``; other statements are left out."""
     counts = {}
     for m in re.finditer(r"domain:\s*\{\s*(S\d+)\[([^\]]*)\]\s*(?::\s*([^}]*))?\}", domain_text):
-        name, dims, cond = m.group(1), [d.strip() for d in m.group(2).split(",") if d.strip()], m.group(3) or ""
-        bounds = {}
+        name, cond = m.group(1), m.group(3) or ""
+        dims, bounds = [], {}
+        for d in filter(None, (d.strip() for d in m.group(2).split(","))):
+            var, eq, _ = d.partition("=")  # isl writes a fixed index as "n = 0"
+            dims.append(var.strip())
+            if eq:
+                bounds[var.strip()] = 1
         ok = True
         for clause in filter(None, (c.strip() for c in cond.split(" and "))):
             b = re.fullmatch(r"(-?\d+)\s*<=\s*(\w+)\s*<=\s*(-?\d+)", clause)
@@ -221,7 +226,7 @@ def derived_flops(compiled, source: str, name: str) -> float | None:
     if body is None:
         return None
     domain = compiled.stage("domain")
-    header = re.findall(r"^\s*S(\d+):\s*\S+\s+(\S+)", domain, re.MULTILINE)
+    header = re.findall(r"^\s*S(\d+):\s*\S+\s+(\S+)\s+\.\.\.\s*$", domain, re.MULTILINE)
     kinds = [(f"S{n}", op) for n, op in header]
     source_statements = [s for s in (line.split("#", 1)[0] for line in body.splitlines()) if s.strip()]
     # continuation lines (a where clause on its own line) belong to the statement above
@@ -334,7 +339,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tile-sizes", default=",".join(DEFAULT_TILE_SIZES),
                     help="comma-separated forced tile sizes to compare (default %(default)s; '' for none)")
     ap.add_argument("--variants", default=None,
-                    help="only these variants (comma-separated names as in the table; source order is always run)")
+                    help="only these variants (comma-separated names as in the table; source order and "
+                         "--variant ones always run)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=SPEC",
                     help="an extra variant: a name and an Options spec, e.g. 'mine=tile_sizes=8x32x64,fusion=min'")
     ap.add_argument("--png", default=None, help="write a bar chart of the speedups to this file (needs matplotlib)")
@@ -357,13 +363,14 @@ def main(argv=None) -> int:
         return 2
 
     ladder = variants(args.threads, [s for s in args.tile_sizes.split(",") if s.strip()])
+    extras = []
     for extra in args.variant:
         name, sep, spec = extra.partition("=")
         if not sep:
             print(f"error: --variant expects NAME=SPEC, got {extra!r}", file=sys.stderr)
             return 2
         try:
-            ladder.append((name.strip(), Options.from_spec(spec)))
+            extras.append((name.strip(), Options.from_spec(spec)))
         except polyc.PolycError as exc:
             print(f"error: --variant {name}: {exc}", file=sys.stderr)
             return 2
@@ -375,6 +382,7 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         ladder = [ladder[0]] + [(n, o) for n, o in ladder[1:] if n in wanted]
+    ladder += extras
 
     flops = None
     if args.flops:

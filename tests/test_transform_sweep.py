@@ -90,19 +90,20 @@ def sweep_shape(case: KernelCase) -> dict:
     return max(odd, key=lambda s: (int(np.prod(list(s.values()))), case.shapes.index(s)))
 
 
-@functools.lru_cache(maxsize=None)
 def kernel(case_id: str) -> polyc.Kernel:
+    """A fresh Kernel per test (not cached: a Kernel keeps every specialization it compiled, and the sweep
+    compiles several hundred)."""
     case = CASES_BY_ID[case_id]
     return polyc.kernels.load(case.family, case.name)
 
 
 @functools.lru_cache(maxsize=None)
 def statement_count(case_id: str) -> int:
-    """Statements of the case's polyhedral model (``S0: ...`` lines of its ``domain`` stage)."""
+    """Statements of the case's polyhedral model (the ``S0: Y(i,j) = ...`` lines of its ``domain`` stage)."""
     case = CASES_BY_ID[case_id]
     inputs = case.make_inputs(np.random.default_rng(0), case.shapes[1])
     text = kernel(case_id).specialize(*inputs, options=Options.naive()).stage("domain")
-    return len(re.findall(r"^\s*S\d+:", text, re.MULTILINE))
+    return len(set(re.findall(r"^\s*(S\d+): .* \.\.\.\s*$", text, re.MULTILINE)))
 
 
 def _as_tuple(value) -> tuple:

@@ -1,0 +1,660 @@
+#!/usr/bin/env python
+"""Benchmark polyc's compiled kernels against their peers (issue 4) and print markdown tables.
+
+What it measures, each polyc kernel and its peer side by side in one run, on the same inputs:
+
+- ``gemm``: fp32 GEMM at 256, 512, 1024, 2048 vs numpy (OpenBLAS), at 1 thread and at ``--threads``;
+- ``bmm``: batch matmul 16x256x256x256 vs ``numpy.matmul``;
+- ``mlp``: a 64x768x3072 fully connected layer with bias and GELU (tanh form) fused in one def, vs numpy
+  (GEMM flops only are counted);
+- ``conv``: conv2d at ResNet-50 layer shapes, batch 1 (3x3 pad 1 64ch at 56x56; 1x1 256->64 at 56x56;
+  3x3 pad 1 128ch at 28x28; 7x7 stride 2 pad 3 3->64 at 224x224; depthwise 3x3 pad 1 256ch at 56x56) vs
+  onnxruntime running the same single Conv node (``intra_op_num_threads`` = threads);
+- ``polybench``: 2mm, 3mm, atax, bicg, mvt, gemver, doitgen (fp64) at PolyBench's LARGE sizes vs numpy, and
+  vs the same def compiled in source order with every transform off (``Options(scheduler="identity")`` +
+  ``Options.naive()``, single-threaded by construction) to show what scheduling buys; when that version
+  would take over ~20 s a run at LARGE (extrapolated from MEDIUM) its row uses MEDIUM and says so;
+- ``overhead``: the fixed cost of calling a compiled kernel from Python on a 1-element add, in microseconds.
+
+Columns: kernel, size, threads, peer, polyc ms, peer ms, ratio (= peer time / polyc time: above 1 polyc is
+faster), polyc GFLOP/s, % of measured peak, compile ms, check (polyc's outputs against the peer's). The
+*measured peak* is numpy's SGEMM (DGEMM for fp64 rows) at 2048^3 (512^3 with ``--quick``) measured at the
+start of the run, at 1 thread and at ``--threads``; a row's peak is the larger of the two figures for at
+most its thread count. It is a practical ceiling, not the FMA peak of the core.
+
+Times are medians of ``--runs`` calls after a warm-up (fewer for calls that take seconds); compile times are
+real (``POLYC_CACHE_DIR=off`` unless set). Other work on the machine makes timings noisy: compare rows of
+one run, not across runs.
+
+OpenBLAS threads are set with threadpoolctl when installed, else through OpenBLAS's own
+``openblas_set_num_threads`` found with ctypes; if neither works the script says so and numpy runs with
+whatever ``OPENBLAS_NUM_THREADS`` says (run it once with ``OPENBLAS_NUM_THREADS=1`` and once with 2).
+
+Run it as::
+
+    python scripts/bench_kernels.py                      # everything (several minutes)
+    python scripts/bench_kernels.py --quick              # small sizes, a smoke run
+    python scripts/bench_kernels.py --only gemm,conv --threads 2 --runs 7
+
+Exit status 1 when some polyc result did not match its peer.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+os.environ.setdefault("POLYC_CACHE_DIR", "off")
+
+import numpy as np  # noqa: E402
+
+import polyc  # noqa: E402
+import polyc.kernels  # noqa: E402
+from polyc import Options  # noqa: E402
+
+SECTIONS = ("gemm", "bmm", "mlp", "conv", "polybench", "overhead")
+
+# ---- kernels written for the benchmark ---------------------------------------------------------------------
+
+BENCH_SOURCE = """
+# A fully connected layer with bias and GELU (tanh form), fused: Y = gelu(X . W + b).
+def mlp_gelu(float(M,K) X, float(K,N) W, float(N) b) -> (Y) {
+    P(m,n) +=! X(m,k) * W(k,n)
+    Y(m,n) = 0.5 * x * (1.0 + tanh(0.79788456080286536 * (x + 0.044715 * x * x * x))) where x = P(m,n) + b(n)
+}
+
+# conv2d, stride 2, zero padding 3 (ResNet-50's first layer: 7x7 at 224x224 -> 112x112).
+def conv2d_s2_pad3(float(N,C,H,W) X, float(M,C,KH,KW) F) -> (Y) {
+    Y(n,m,h,w) +=! (2*h+kh >= 3 && 2*h+kh < H+3 && 2*w+kw >= 3 && 2*w+kw < W+3) ? X(n,c,2*h+kh-3,2*w+kw-3) * F(m,c,kh,kw) : 0.0
+        where h in 0:(H+6-KH)/2+1, w in 0:(W+6-KW)/2+1, kh in 0:KH, kw in 0:KW
+}
+
+# depthwise conv2d, stride 1, zero padding 1: one filter F(c,.,.) per channel.
+def conv2d_depthwise_pad1(float(N,C,H,W) X, float(C,KH,KW) F) -> (Y) {
+    Y(n,c,h,w) +=! (h+kh >= 1 && h+kh <= H && w+kw >= 1 && w+kw <= W) ? X(n,c,h+kh-1,w+kw-1) * F(c,kh,kw) : 0.0
+        where h in 0:H-KH+3, w in 0:W-KW+3, kh in 0:KH, kw in 0:KW
+}
+"""
+
+# PolyBench 4.2 dataset sizes.
+POLYBENCH_SIZES = {
+    "two_mm": dict(MINI=dict(NI=16, NJ=18, NK=22, NL=24), SMALL=dict(NI=40, NJ=50, NK=70, NL=80),
+                   MEDIUM=dict(NI=180, NJ=190, NK=210, NL=220), LARGE=dict(NI=800, NJ=900, NK=1100, NL=1200)),
+    "three_mm": dict(MINI=dict(NI=16, NJ=18, NK=20, NL=22, NM=24), SMALL=dict(NI=40, NJ=50, NK=60, NL=70, NM=80),
+                     MEDIUM=dict(NI=180, NJ=190, NK=200, NL=210, NM=220),
+                     LARGE=dict(NI=800, NJ=900, NK=1000, NL=1100, NM=1200)),
+    "atax": dict(MINI=dict(M=38, N=42), SMALL=dict(M=116, N=124), MEDIUM=dict(M=390, N=410),
+                 LARGE=dict(M=1900, N=2100)),
+    "bicg": dict(MINI=dict(M=38, N=42), SMALL=dict(M=116, N=124), MEDIUM=dict(M=390, N=410),
+                 LARGE=dict(M=1900, N=2100)),
+    "mvt": dict(MINI=dict(N=40), SMALL=dict(N=120), MEDIUM=dict(N=400), LARGE=dict(N=2000)),
+    "gemver": dict(MINI=dict(N=40), SMALL=dict(N=120), MEDIUM=dict(N=400), LARGE=dict(N=2000)),
+    "doitgen": dict(MINI=dict(NQ=8, NR=10, NP=12), SMALL=dict(NQ=20, NR=25, NP=30),
+                    MEDIUM=dict(NQ=40, NR=50, NP=60), LARGE=dict(NQ=140, NR=150, NP=160)),
+}
+
+POLYBENCH_NAMES = {"two_mm": "2mm", "three_mm": "3mm"}
+
+#: Seconds above which the source-order PolyBench version is measured at MEDIUM instead of LARGE.
+IDENTITY_LIMIT_S = 20.0
+
+
+# ---- OpenBLAS threads --------------------------------------------------------------------------------------
+
+class BlasThreads:
+    """Sets numpy's BLAS thread count: threadpoolctl, else OpenBLAS's C entry point through ctypes."""
+
+    def __init__(self):
+        self.how = None
+        self._set = self._get = None
+        try:
+            from threadpoolctl import threadpool_info, threadpool_limits
+            if any(i.get("internal_api") == "openblas" for i in threadpool_info()):
+                self.how = "threadpoolctl"
+                self._limits = threadpool_limits
+                return
+        except ImportError:
+            pass
+        for path in self._loaded_blas():
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for prefix in ("scipy_openblas", "openblas"):
+                for suffix in ("64_", "_64_", ""):
+                    setter = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                    getter = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                    if setter is not None and getter is not None:
+                        setter.argtypes, getter.restype = [ctypes.c_int], ctypes.c_int
+                        self._set, self._get = setter, getter
+                        self.how = f"ctypes {os.path.basename(path)}:{setter.__name__}"
+                        return
+
+    @staticmethod
+    def _loaded_blas():
+        np.dot(np.ones((2, 2)), np.ones((2, 2)))
+        try:
+            with open("/proc/self/maps") as maps:
+                return sorted({line.split()[-1] for line in maps if "blas" in line.lower() and "/" in line})
+        except OSError:
+            return []
+
+    @contextlib.contextmanager
+    def limit(self, n: int):
+        if self.how == "threadpoolctl":
+            with self._limits(limits=n, user_api="blas"):
+                yield
+        elif self._set is not None:
+            before = self._get()
+            self._set(n)
+            try:
+                yield
+            finally:
+                self._set(before)
+        else:
+            yield
+
+    def describe(self) -> str:
+        if self.how is None:
+            return ("NOT controlled (no threadpoolctl, no OpenBLAS entry point found): numpy used "
+                    f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
+        return f"set with {self.how}"
+
+
+# ---- timing ------------------------------------------------------------------------------------------------
+
+def median_time(fn, runs: int, budget_s: float = 4.0, best: bool = False) -> tuple[float, int]:
+    """(median seconds, samples) of ``fn``: a warm-up call, then up to ``runs`` timed calls within about
+    ``budget_s``; a warm-up call over a second counts as the only sample. ``best``: the fastest sample
+    instead of the median."""
+    t = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t
+    if first > 1.0:
+        n = min(runs, int(budget_s / first))
+        if n < 1:
+            return first, 1
+    else:
+        n = max(1, min(runs, int(budget_s / max(first, 1e-9))))
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return (min(samples) if best else statistics.median(samples)), len(samples)
+
+
+@dataclass
+class Row:
+    kernel: str
+    size: str
+    threads: int
+    peer: str
+    polyc_s: float | None
+    peer_s: float | None
+    flops: float
+    dtype: str
+    compile_s: float | None = None
+    check: str = ""
+    note: str = ""
+
+
+def close(got, want, dtype) -> tuple[bool, str]:
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    worst = 0.0
+    for g, w in zip(got, want):
+        g, w = np.asarray(g, dtype=np.float64), np.asarray(w, dtype=np.float64)
+        if g.shape != w.shape:
+            return False, f"shape {g.shape} vs {w.shape}"
+        scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
+        rtol = 1e-3 if np.dtype(dtype).itemsize <= 4 else 1e-8
+        err = float(np.max(np.abs(g - w) / (np.abs(w) + scale))) if w.size else 0.0
+        worst = max(worst, err)
+        if not np.allclose(g, w, rtol=rtol, atol=rtol * scale):
+            return False, f"MISMATCH (rel err {err:.2g})"
+    return True, "ok"
+
+
+_COMPILE_SECONDS: dict = {}
+
+
+def polyc_callable(kernel: polyc.Kernel, inputs, options: Options):
+    """Compile (timed) and return (compiled, compile seconds, call, outputs of one call). A specialization
+    the kernel already holds reports the time of its first compilation."""
+    t = time.perf_counter()
+    compiled = kernel.specialize(*inputs, options=options)
+    compile_s = _COMPILE_SECONDS.setdefault(id(compiled), time.perf_counter() - t)
+    outs = [np.zeros(s.shape, s.dtype) for s in compiled.outputs]
+
+    def call():
+        compiled(*inputs, out=outs)
+
+    call()
+    result = tuple(o.copy() for o in outs)
+    return compiled, compile_s, call, result[0] if len(result) == 1 else result
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.blas = BlasThreads()
+        self.rows: list[Row] = []
+        self.peaks: dict = {}
+        self.rng = np.random.default_rng(0)
+        self.library: dict = {}
+        self.notes: list[str] = []
+        self.overheads: list = []
+        self.peak_size = 0
+        self.load_before = _loadavg()
+
+    # ---- helpers ----
+    def kernel(self, family: str, name: str) -> polyc.Kernel:
+        key = (family, name)
+        if key not in self.library:
+            source = BENCH_SOURCE if family == "bench" else polyc.kernels.source(family)
+            self.library[key] = polyc.define(source, name=name)
+        return self.library[key]
+
+    def normal(self, *shape, dtype=np.float32):
+        return self.rng.standard_normal(shape).astype(dtype)
+
+    def numpy_time(self, fn, threads: int) -> tuple[float, object]:
+        with self.blas.limit(threads):
+            result = fn()
+            seconds, _ = median_time(fn, self.args.runs)
+        return seconds, result
+
+    def compare(self, name, size, threads, peer_name, kernel, inputs, peer_fn, flops, dtype, options=None,
+                note=""):
+        """One row: polyc (``options`` with ``threads``) and a peer callable (returning the outputs)."""
+        options = (options or Options()).replace(threads=threads)
+        _, compile_s, call, got = polyc_callable(kernel, inputs, options)
+        polyc_s, _ = median_time(call, self.args.runs)
+        peer_s, want = peer_fn()
+        ok, check = close(got, want, dtype)
+        row = Row(name, size, threads, peer_name, polyc_s, peer_s, flops, dtype, compile_s, check, note)
+        self.rows.append(row)
+        self.progress(row)
+        return row
+
+    def progress(self, row: Row):
+        print(f"  measured {row.kernel} {row.size} t={row.threads} vs {row.peer}: polyc "
+              f"{_ms(row.polyc_s)} ms, peer {_ms(row.peer_s)} ms, {row.check}", file=sys.stderr, flush=True)
+
+    def peak(self, dtype: str, threads: int) -> float:
+        """The measured peak for a row: the best numpy GEMM figure for at most ``threads`` threads."""
+        figures = [v for (d, t), v in self.peaks.items() if d == dtype and t <= threads]
+        return max(figures) if figures else float("nan")
+
+    # ---- sections ----
+    def measure_peaks(self):
+        n = 512 if self.args.quick else 2048
+        self.peak_size = n
+        for dtype in ("float32", "float64"):
+            a, b = self.normal(n, n, dtype=dtype), self.normal(n, n, dtype=dtype)
+            c = np.empty((n, n), dtype)
+            for t in sorted({1, self.args.threads}):
+                with self.blas.limit(t):
+                    seconds, _ = median_time(lambda: np.matmul(a, b, out=c), max(5, self.args.runs), best=True)
+                self.peaks[(dtype, t)] = 2 * n ** 3 / seconds / 1e9
+                print(f"  peak: numpy {'S' if dtype == 'float32' else 'D'}GEMM {n}^3 at {t} thread(s): "
+                      f"{self.peaks[(dtype, t)]:.1f} GFLOP/s", file=sys.stderr, flush=True)
+
+    def gemm(self):
+        sizes = (128, 256) if self.args.quick else (256, 512, 1024, 2048)
+        kernel = self.kernel("matmul", "matmul")
+        for n in sizes:
+            a, b = self.normal(n, n), self.normal(n, n)
+            c = np.empty((n, n), np.float32)
+            rows = [self.compare("gemm fp32", f"{n}x{n}x{n}", t, "numpy (OpenBLAS)", kernel, (a, b),
+                                 lambda: self.numpy_time(lambda: np.matmul(a, b, out=c), t), 2 * n ** 3, "float32")
+                    for t in sorted({1, self.args.threads})]
+            if len(rows) == 2 and rows[1].peer_s > rows[0].peer_s:
+                rows[1].note = f"numpy is slower at {rows[1].threads} threads than at 1"
+
+    def bmm(self):
+        nb, m, k, n = (4, 64, 64, 64) if self.args.quick else (16, 256, 256, 256)
+        a, b = self.normal(nb, m, k), self.normal(nb, k, n)
+        c = np.empty((nb, m, n), np.float32)
+        t = self.args.threads
+        self.compare("batch matmul", f"{nb}x{m}x{k}x{n}", t, "numpy.matmul", self.kernel("matmul", "batch_matmul"),
+                     (a, b), lambda: self.numpy_time(lambda: np.matmul(a, b, out=c), t), 2 * nb * m * n * k,
+                     "float32")
+
+    def mlp(self):
+        m, k, n = (16, 128, 256) if self.args.quick else (64, 768, 3072)
+        x, w, b = self.normal(m, k), self.normal(k, n) * np.float32(1 / math.sqrt(k)), self.normal(n)
+        p = np.empty((m, n), np.float32)
+
+        def numpy_mlp():
+            np.matmul(x, w, out=p)
+            np.add(p, b, out=p)
+            return 0.5 * p * (1.0 + np.tanh(np.float32(0.79788456080286536) * (p + np.float32(0.044715) * p * p * p)))
+
+        t = self.args.threads
+        self.compare("MLP layer + bias + GELU", f"{m}x{k}x{n}", t, "numpy", self.kernel("bench", "mlp_gelu"),
+                     (x, w, b), lambda: self.numpy_time(numpy_mlp, t), 2 * m * k * n, "float32",
+                     note="GEMM flops only")
+
+    def conv(self):
+        try:
+            import onnxruntime  # noqa: F401
+            from onnx import helper  # noqa: F401
+        except ImportError as exc:
+            print(f"conv: skipped, onnxruntime/onnx not importable ({exc})", file=sys.stderr)
+            self.notes.append(f"conv rows skipped: {exc}")
+            return
+        # (label, C, H, W, M, K, stride, pad, group, polyc kernel)
+        shapes = [("3x3 pad 1, 64ch", 64, 56, 56, 64, 3, 1, 1, 1, ("conv2d", "conv2d_pad1")),
+                  ("1x1, 256->64", 256, 56, 56, 64, 1, 1, 0, 1, ("conv2d", "conv2d")),
+                  ("3x3 pad 1, 128ch", 128, 28, 28, 128, 3, 1, 1, 1, ("conv2d", "conv2d_pad1")),
+                  ("7x7 s2 pad 3, 3->64", 3, 224, 224, 64, 7, 2, 3, 1, ("bench", "conv2d_s2_pad3")),
+                  ("depthwise 3x3 pad 1, 256ch", 256, 56, 56, 256, 3, 1, 1, 256, ("bench", "conv2d_depthwise_pad1"))]
+        if self.args.quick:
+            shapes = [("3x3 pad 1, 8ch", 8, 14, 14, 8, 3, 1, 1, 1, ("conv2d", "conv2d_pad1")),
+                      ("1x1, 32->8", 32, 14, 14, 8, 1, 1, 0, 1, ("conv2d", "conv2d")),
+                      ("7x7 s2 pad 3, 3->8", 3, 29, 29, 8, 7, 2, 3, 1, ("bench", "conv2d_s2_pad3")),
+                      ("depthwise 3x3 pad 1, 16ch", 16, 14, 14, 16, 3, 1, 1, 16,
+                       ("bench", "conv2d_depthwise_pad1"))]
+        t = self.args.threads
+        for label, c, h, w, m, k, stride, pad, group, (family, name) in shapes:
+            x = self.normal(1, c, h, w)
+            f = self.normal(m, c // group, k, k) * np.float32(1 / math.sqrt(c // group * k * k))
+            oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+            flops = 2 * m * oh * ow * (c // group) * k * k
+            session = ort_conv_session(x.shape, f, stride, pad, group, t)
+            polyc_f = f.reshape(m, k, k) if group > 1 else f
+
+            def peer(session=session, x=x):
+                run = lambda: session.run(["Y"], {"X": x})[0]  # noqa: E731
+                seconds, _ = median_time(run, self.args.runs)
+                return seconds, run()
+
+            self.compare(f"conv2d {label}", f"1x{c}x{h}x{w}", t, "onnxruntime Conv", self.kernel(family, name),
+                         (x, polyc_f), peer, flops, "float32")
+
+    def polybench(self):
+        dataset = "SMALL" if self.args.quick else "LARGE"
+        t = self.args.threads
+        for name in POLYBENCH_SIZES:
+            label = POLYBENCH_NAMES.get(name, name)
+            kernel = self.kernel("polybench", name)
+            sizes = POLYBENCH_SIZES[name][dataset]
+            inputs = polybench_inputs(name, sizes, self.rng)
+            flops = polybench_flops(name, sizes)
+            size_text = f"{dataset} " + "x".join(str(v) for v in sizes.values())
+            self.compare(label, size_text, t, "numpy", kernel, inputs,
+                         lambda: self.numpy_time(lambda: polybench_numpy(name, inputs), t), flops, "float64")
+            # the source-order version: at LARGE unless a MEDIUM run says it would take over the limit
+            identity = Options.naive().replace(scheduler="identity")
+            use, note = dataset, ""
+            if dataset == "LARGE":
+                medium = POLYBENCH_SIZES[name]["MEDIUM"]
+                m_inputs = polybench_inputs(name, medium, self.rng)
+                _, _, call, _ = polyc_callable(kernel, m_inputs, identity)
+                t0 = time.perf_counter()
+                call()
+                guess = (time.perf_counter() - t0) * flops / polybench_flops(name, medium) * 1.5
+                if guess > IDENTITY_LIMIT_S:
+                    use = "MEDIUM"
+                    note = f"MEDIUM: source order at LARGE would take ~{guess:.0f} s a run"
+            if use != dataset:
+                sizes = POLYBENCH_SIZES[name][use]
+                inputs = polybench_inputs(name, sizes, self.rng)
+                flops = polybench_flops(name, sizes)
+                size_text = f"{use} " + "x".join(str(v) for v in sizes.values())
+
+            def peer(inputs=inputs):
+                _, compile_s, call, result = polyc_callable(kernel, inputs, identity)
+                seconds, _ = median_time(call, self.args.runs, budget_s=IDENTITY_LIMIT_S)
+                return seconds, result
+
+            self.compare(label, size_text, t, "polyc source order, no transforms", kernel, inputs, peer, flops,
+                         "float64", note=note)
+
+    def overhead(self):
+        kernel = self.kernel("elementwise", "add")
+        x, y = np.ones((1, 1), np.float32), np.ones((1, 1), np.float32)
+        compiled = kernel.specialize(x, y)
+        out = np.zeros((1, 1), np.float32)
+        pointers = [x.ctypes.data, y.ctypes.data, out.ctypes.data]
+        cases = [("compiled.run_pointers(ptrs)", lambda: compiled.run_pointers(pointers)),
+                 ("compiled(x, y, out=out)", lambda: compiled(x, y, out=out)),
+                 ("compiled(x, y)", lambda: compiled(x, y)),
+                 ("kernel(x, y)  (shape lookup each call)", lambda: kernel(x, y)),
+                 ("numpy.add(x, y, out=out)  (for scale)", lambda: np.add(x, y, out=out))]
+        for label, fn in cases:
+            n = 2000 if self.args.quick else 20000
+            per_call = []
+            for _ in range(5):
+                t = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                per_call.append((time.perf_counter() - t) / n)
+            self.overheads.append((label, statistics.median(per_call) * 1e6))
+        assert out[0, 0] == 2.0
+
+    # ---- report ----
+    def report(self):
+        a = self.args
+        print(f"# polyc kernel benchmarks\n")
+        print(f"- machine: {cpu_name()}, {os.cpu_count()} logical CPUs; {platform.python_implementation()} "
+              f"{platform.python_version()}, numpy {np.__version__} ({blas_name()}), polyc {polyc.__version__}"
+              + (f", onnxruntime {ort_version()}" if ort_version() else ""))
+        print(f"- numpy BLAS threads: {self.blas.describe()}; polyc threads via Options(threads=...); "
+              f"onnxruntime via intra_op_num_threads")
+        peaks = ", ".join(f"{'S' if d == 'float32' else 'D'}GEMM {t} thread{'s' if t > 1 else ''}: {v:.1f}"
+                          for (d, t), v in sorted(self.peaks.items()))
+        print(f"- measured peak (numpy GEMM {self.peak_size}^3, best of 5 runs, GFLOP/s): {peaks}; a row's % is "
+              f"of the best figure of its dtype at most its thread count")
+        print(f"- times: median of up to {a.runs} runs after a warm-up (slow calls fewer); polyc and its peer "
+              f"measured back to back; other work on the machine makes timings noisy (1-minute load average "
+              f"{self.load_before} at the start, {_loadavg()} at the end on {os.cpu_count()} CPUs)"
+              + ("; --quick: small sizes" if a.quick else ""))
+        print("- ratio = peer ms / polyc ms (above 1: polyc is faster); % of peak can pass 100% at sizes where "
+              f"numpy itself beats its {self.peak_size}^3 figure")
+        print()
+        if self.rows:
+            print("| kernel | size | threads | peer | polyc ms | peer ms | ratio | GFLOP/s | % of peak | compile ms "
+                  "| check |")
+            print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+            for r in self.rows:
+                gflops = r.flops / r.polyc_s / 1e9 if r.polyc_s else None
+                pct = 100 * gflops / self.peak(r.dtype, r.threads) if gflops else None
+                ratio = r.peer_s / r.polyc_s if r.polyc_s and r.peer_s else None
+                check = r.check + (f"; {r.note}" if r.note else "")
+                print(f"| {r.kernel} | {r.size} | {r.threads} | {r.peer} | {_ms(r.polyc_s)} | {_ms(r.peer_s)} | "
+                      f"{ratio:.2f} | {gflops:.1f} | {pct:.0f}% | {r.compile_s * 1e3:.0f} | {check} |")
+            print()
+        if self.overheads:
+            print("Per-call overhead of a compiled kernel called from Python (1-element fp32 add):\n")
+            print("| call | us per call |")
+            print("| --- | ---: |")
+            for label, us in self.overheads:
+                print(f"| `{label}` | {us:.2f} |")
+            print()
+        for note in self.notes:
+            print(f"- {note}")
+
+
+def _loadavg() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "unknown"
+
+
+def _ms(seconds) -> str:
+    if seconds is None:
+        return "—"
+    ms = seconds * 1e3
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.3f}" if ms < 1 else f"{ms:.2f}"
+
+
+# ---- peers -------------------------------------------------------------------------------------------------
+
+def ort_conv_session(x_shape, weights, stride, pad, group, threads):
+    """An onnxruntime session running one Conv node (weights as an initializer)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    m, _, kh, kw = weights.shape
+    node = helper.make_node("Conv", ["X", "W"], ["Y"], kernel_shape=[kh, kw], pads=[pad] * 4,
+                            strides=[stride, stride], group=group)
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(weights, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def polybench_inputs(name: str, s: dict, rng) -> tuple:
+    d = lambda *shape: rng.standard_normal(shape)  # noqa: E731 - float64, PolyBench's default DATA_TYPE
+    if name == "two_mm":
+        return d(s["NI"], s["NK"]), d(s["NK"], s["NJ"]), d(s["NJ"], s["NL"]), d(s["NI"], s["NL"]), 1.5, 1.2
+    if name == "three_mm":
+        return d(s["NI"], s["NK"]), d(s["NK"], s["NJ"]), d(s["NJ"], s["NM"]), d(s["NM"], s["NL"])
+    if name == "atax":
+        return d(s["M"], s["N"]), d(s["N"])
+    if name == "bicg":
+        return d(s["N"], s["M"]), d(s["N"]), d(s["M"])
+    if name == "mvt":
+        return (d(s["N"], s["N"]),) + tuple(d(s["N"]) for _ in range(4))
+    if name == "gemver":
+        return (d(s["N"], s["N"]),) + tuple(d(s["N"]) for _ in range(8)) + (1.5, 1.2)
+    if name == "doitgen":
+        return d(s["NR"], s["NQ"], s["NP"]), d(s["NP"], s["NP"])
+    raise KeyError(name)
+
+
+def polybench_numpy(name: str, args: tuple):
+    if name == "two_mm":
+        a, b, c, d, alpha, beta = args
+        t = a @ b
+        t *= alpha
+        e = t @ c
+        e += beta * d
+        return e
+    if name == "three_mm":
+        a, b, c, d = args
+        return (a @ b) @ (c @ d)
+    if name == "atax":
+        a, x = args
+        return a.T @ (a @ x)
+    if name == "bicg":
+        a, r, p = args
+        return a.T @ r, a @ p
+    if name == "mvt":
+        a, x1, x2, y1, y2 = args
+        return x1 + a @ y1, x2 + a.T @ y2
+    if name == "gemver":
+        a, u1, v1, u2, v2, w, x, y, z, alpha, beta = args
+        ah = a + np.outer(u1, v1) + np.outer(u2, v2)
+        xo = x + beta * (ah.T @ y) + z
+        return ah, xo, w + alpha * (ah @ xo)
+    if name == "doitgen":
+        a, c4 = args
+        return (a.reshape(-1, a.shape[2]) @ c4).reshape(a.shape)
+    raise KeyError(name)
+
+
+def polybench_flops(name: str, s: dict) -> float:
+    """Floating-point operations, as PolyBench's kernels count them (multiply and add each 1)."""
+    if name == "two_mm":
+        return 2 * s["NI"] * s["NJ"] * s["NK"] + 2 * s["NI"] * s["NL"] * s["NJ"] + s["NI"] * s["NL"]
+    if name == "three_mm":
+        return 2 * (s["NI"] * s["NJ"] * s["NK"] + s["NJ"] * s["NL"] * s["NM"] + s["NI"] * s["NL"] * s["NJ"])
+    if name in ("atax", "bicg"):
+        return 4 * s["M"] * s["N"]
+    if name == "mvt":
+        return 4 * s["N"] ** 2
+    if name == "gemver":
+        return 10 * s["N"] ** 2
+    if name == "doitgen":
+        return 2 * s["NR"] * s["NQ"] * s["NP"] ** 2
+    raise KeyError(name)
+
+
+# ---- machine description -----------------------------------------------------------------------------------
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                    platform.processor())
+        flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+        isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
+        return f"{name} ({isa}{' + FMA' if 'fma' in flags else ''})"
+    except OSError:
+        return platform.processor() or "unknown CPU"
+
+
+def blas_name() -> str:
+    try:
+        config = np.show_config(mode="dicts")
+        blas = config["Build Dependencies"]["blas"]
+        return f"{blas.get('name')} {blas.get('version')}"
+    except Exception:
+        return "BLAS unknown"
+
+
+def ort_version() -> str | None:
+    try:
+        import onnxruntime
+        return onnxruntime.__version__
+    except ImportError:
+        return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a few small sizes (a smoke run)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="threads for the multi-threaded rows (default: all %(default)s cores); GEMM also runs at 1")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    ap.add_argument("--runs", type=int, default=None, help="timed runs per measurement (default 5, --quick 3)")
+    args = ap.parse_args(argv)
+    args.runs = args.runs or (3 if args.quick else 5)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(only) - set(SECTIONS)
+    if unknown:
+        ap.error(f"unknown sections {sorted(unknown)}; expected some of {', '.join(SECTIONS)}")
+    if args.threads < 1:
+        ap.error("--threads must be at least 1")
+
+    bench = Bench(args)
+    print(f"numpy BLAS threads {bench.blas.describe()}", file=sys.stderr)
+    if bench.blas.how is None:
+        bench.notes.append("numpy's thread count was not controlled; install threadpoolctl or run with "
+                           "OPENBLAS_NUM_THREADS=1 and =2 separately")
+    if any(s in only for s in ("gemm", "bmm", "mlp", "conv", "polybench")):
+        bench.measure_peaks()
+    for section in SECTIONS:
+        if section in only:
+            print(f"{section} ...", file=sys.stderr, flush=True)
+            getattr(bench, section)()
+    bench.report()
+    bad = [r for r in bench.rows if not r.check.startswith("ok")]
+    if bad:
+        print(f"{len(bad)} row(s) did not match their peer", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Smoke tests of the benchmark and research scripts: each runs in a subprocess on small sizes and its
+printed markdown table is parsed and checked for the expected rows, columns and correctness checks.
+
+No timings are asserted (they depend on the machine and on its load); only that the numbers are there,
+positive and consistent (speedup = source-order time / variant time).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+
+
+def run_script(*args, timeout=180) -> subprocess.CompletedProcess:
+    env = dict(os.environ, POLYC_CACHE_DIR="off")
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def first_table(text: str) -> tuple[list[str], list[dict]]:
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("| ---"):
+            header = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows = []
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    break
+                cells = [c.strip() for c in row.strip().strip("|").split("|")]
+                assert len(cells) == len(header), f"ragged row: {row!r}"
+                rows.append(dict(zip(header, cells)))
+            return header, rows
+    raise AssertionError(f"no markdown table in:\n{text}")
+
+
+def number(cell: str) -> float:
+    return float(cell.rstrip("x%"))
+
+
+@pytest.fixture(scope="module")
+def compare_matmul():
+    return run_script(SCRIPTS / "compare_schedules.py", "kernels/matmul.tc", "--def", "matmul",
+                      "--sizes", "M=24,N=20,K=16", "--runs", "1")
+
+
+def test_compare_schedules_prints_every_variant(compare_matmul):
+    result = compare_matmul
+    assert result.returncode == 0, result.stderr
+    header, rows = first_table(result.stdout)
+    assert header == ["variant", "options", "compile ms", "ms", "GFLOP/s", "speedup", "check"]
+    names = [r["variant"] for r in rows]
+    assert names == ["source order", "isl", "+ tile", "+ register tile", "+ vectorize", "+ promote", "+ parallel",
+                     "fusion=max", "fusion=min", "tile 32x32x32", "tile 64x64x128", "tile 128x256x256"]
+    assert rows[0]["check"] == "reference"
+    assert all(r["check"] == "ok" for r in rows[1:]), rows
+    assert "scheduler=identity" in rows[0]["options"]
+    assert rows[1]["options"] == "`tile=0,register_tile=0,vectorize=0,parallel=0,promote=0`"
+    assert rows[6]["options"] == "`(default)`"
+    assert rows[-1]["options"] == "`tile_sizes=128x256x256`"
+
+
+def test_compare_schedules_numbers_are_consistent(compare_matmul):
+    _, rows = first_table(compare_matmul.stdout)
+    base = number(rows[0]["ms"])
+    assert number(rows[0]["speedup"]) == 1.0
+    for r in rows:
+        ms, gflops, speedup = number(r["ms"]), number(r["GFLOP/s"]), number(r["speedup"])
+        assert ms > 0 and gflops > 0 and speedup > 0
+        # the flop count is derived from the def: 2*M*N*K for matmul
+        assert gflops == pytest.approx(2 * 24 * 20 * 16 / (ms * 1e-3) / 1e9, rel=0.05, abs=0.01)
+        assert speedup == pytest.approx(base / ms, rel=0.05, abs=0.01)
+    assert "M=24, N=20, K=16" in compare_matmul.stdout
+    assert "flops: 1.536e+04 (derived from the def)" in compare_matmul.stdout
+
+
+def test_compare_schedules_flags_and_errors(tmp_path):
+    result = run_script(SCRIPTS / "compare_schedules.py", "softmax", "--def", "softmax", "--sizes", "N=5,D=33",
+                        "--runs", "1", "--variants", "isl,fusion=min", "--tile-sizes", "",
+                        "--variant", "mine=tile_sizes=2x4,fusion=max", "--flops", "5*N*D")
+    assert result.returncode == 0, result.stderr
+    _, rows = first_table(result.stdout)
+    assert [r["variant"] for r in rows] == ["source order", "isl", "fusion=min", "mine"]
+    assert rows[-1]["options"] == "`fusion=max,tile_sizes=2x4`"
+    assert all(r["check"] in ("reference", "ok") for r in rows)
+    assert "(from --flops)" in result.stdout
+
+    bad = run_script(SCRIPTS / "compare_schedules.py", "kernels/matmul.tc", "--def", "nope", "--sizes", "M=2")
+    assert bad.returncode == 2 and "nope" in bad.stderr
+
+    try:
+        import matplotlib  # noqa: F401
+        has_matplotlib = True
+    except ImportError:
+        has_matplotlib = False
+    png = tmp_path / "chart.png"
+    drawn = run_script(SCRIPTS / "compare_schedules.py", "kernels/matmul.tc", "--def", "matmul",
+                       "--sizes", "M=8,N=8,K=8", "--runs", "1", "--variants", "isl", "--tile-sizes", "",
+                       "--png", png)
+    if has_matplotlib:
+        assert drawn.returncode == 0, drawn.stderr
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert drawn.returncode == 2 and "matplotlib" in drawn.stderr
+        assert not png.exists()
+
+
+def test_bench_kernels_quick_gemm():
+    result = run_script(SCRIPTS / "bench_kernels.py", "--quick", "--only", "gemm", "--threads", "2")
+    assert result.returncode == 0, result.stderr
+    header, rows = first_table(result.stdout)
+    assert header == ["kernel", "size", "threads", "peer", "polyc ms", "peer ms", "ratio", "GFLOP/s", "% of peak",
+                      "compile ms", "check"]
+    assert [(r["kernel"], r["size"], r["threads"]) for r in rows] == [
+        ("gemm fp32", "128x128x128", "1"), ("gemm fp32", "128x128x128", "2"),
+        ("gemm fp32", "256x256x256", "1"), ("gemm fp32", "256x256x256", "2")]
+    for r in rows:
+        assert r["peer"] == "numpy (OpenBLAS)"
+        assert r["check"].split(";")[0] == "ok", r  # a note may follow, e.g. numpy slower at 2 threads
+        polyc_ms, peer_ms = number(r["polyc ms"]), number(r["peer ms"])
+        assert polyc_ms > 0 and peer_ms > 0
+        assert number(r["ratio"]) == pytest.approx(peer_ms / polyc_ms, rel=0.1, abs=0.02)
+        n = int(r["size"].split("x")[0])
+        assert number(r["GFLOP/s"]) == pytest.approx(2 * n ** 3 / (polyc_ms * 1e-3) / 1e9, rel=0.1, abs=0.06)
+        assert number(r["% of peak"]) >= 0
+    assert "measured peak (numpy GEMM 512^3" in result.stdout
+    assert "Per-call overhead" not in result.stdout  # --only gemm leaves the other sections out
+
+
+def test_bench_kernels_rejects_unknown_section():
+    result = run_script(SCRIPTS / "bench_kernels.py", "--quick", "--only", "gemm,nope")
+    assert result.returncode == 2 and "nope" in result.stderr
