@@ -84,7 +84,10 @@ class Env:
     - ``indices``: lang index name → its value (i64); in vector mode the value of lane 0;
     - ``fail``: returns the block that makes the kernel return 1 (made on first use);
     - ``lanes`` and ``strides`` (vector mode): the vector length and, per lang index, its step from one
-      lane to the next (0 for indices invariant in the vectorized loop).
+      lane to the next (0 for indices invariant in the vectorized loop);
+    - ``mask``: inside a branch of ``?:``, where the branch is taken; a read touches memory only there
+      (a masked vector load, or the tensor's first element standing in), so a guarded read such as
+      padding's ``X(h-1)`` never leaves its tensor.
     """
 
     module: ir.Module
@@ -94,6 +97,7 @@ class Env:
     fail: Callable[[], ir.Block]
     lanes: int = 1
     strides: dict[str, int] = field(default_factory=dict)
+    mask: ir.Value | None = None  # i1 / <lanes x i1>: reads happen only where it is true (a ?: guard)
 
 
 # ---- small helpers on scalar-or-vector values ----
@@ -326,7 +330,20 @@ def _emit_select(env: Env, e: L.Select, b: ir.IRBuilder) -> ir.Value:
     if may_fail(e.then) or may_fail(e.other):
         return _emit_lazy(env, e.cond, e.then, e.other, b)
     c = emit_expr(env, e.cond, b)
-    return b.select(c, emit_expr(env, e.then, b), emit_expr(env, e.other, b))
+    if not (reads(e.then) or reads(e.other)):
+        return b.select(c, emit_expr(env, e.then, b), emit_expr(env, e.other, b))
+    # each branch reads memory only where it is taken
+    then_env = dataclasses.replace(env, mask=c if env.mask is None else b.and_(env.mask, c))
+    not_c = b.xor(c, const(c.type, 1))
+    other_env = dataclasses.replace(env, mask=not_c if env.mask is None else b.and_(env.mask, not_c))
+    return b.select(c, emit_expr(then_env, e.then, b), emit_expr(other_env, e.other, b))
+
+
+def reads(e: L.Expr) -> bool:
+    """Whether ``e`` reads a tensor (an access or a 0-d parameter)."""
+    if isinstance(e, L.Access):
+        return True
+    return any(reads(c) for c in children(e))
 
 
 def _emit_lazy(env: Env, cond: L.Expr, then: L.Expr | None, other: L.Expr | None,
@@ -588,8 +605,41 @@ def load_access(env: Env, e: L.Access, b: ir.IRBuilder) -> ir.Value:
         stride = flat_stride(env.scop, e.tensor, e.args, env.strides)
         if stride not in (0, 1):
             raise CompileError(f"codegen: vector read of {e.tensor} with stride {stride}")
+    if env.mask is not None:
+        return _guarded_load(env, e.tensor, flat, stride, b)
     value = load(env, e.tensor, flat, b, lanes=env.lanes if stride == 1 else 1)
     return splat(b, value, env.lanes) if env.lanes > 1 and stride == 0 else value
+
+
+def _guarded_load(env: Env, tensor: str, flat: ir.Value, stride: int, b: ir.IRBuilder) -> ir.Value:
+    """A read under ``env.mask``: ``llvm.masked.load`` for a vector; for one element, the address of the
+    tensor's first element (always valid) where the mask is off, so no lane can touch memory outside."""
+    dtype = env.scop.tensor(tensor).dtype
+    if env.lanes > 1 and stride == 1:
+        mty = memory_type(dtype)
+        vty = ir.VectorType(mty, env.lanes)
+        suffix = f"v{env.lanes}{_type_suffix(mty)}"
+        fn = declare(env.module, f"llvm.masked.load.{suffix}.p0",
+                     ir.FunctionType(vty, [PTR, I32, ir.VectorType(ir.IntType(1), env.lanes), vty]))
+        value = b.call(fn, [element_pointer(env, tensor, flat, b), ir.Constant(I32, element_bytes(dtype)),
+                            env.mask, ir.Constant(vty, None)])
+        return b.icmp_unsigned("!=", value, const(vty, 0)) if dtype == "bool" else value
+    active = env.mask
+    if env.lanes > 1:
+        fn = declare(env.module, f"llvm.vector.reduce.or.v{env.lanes}i1",
+                     ir.FunctionType(ir.IntType(1), [env.mask.type]))
+        active = b.call(fn, [env.mask])
+    safe = b.select(active, flat, const(I64, 0))
+    value = load(env, tensor, safe, b)
+    return splat(b, value, env.lanes) if env.lanes > 1 else value
+
+
+def _type_suffix(ty: ir.Type) -> str:
+    if isinstance(ty, ir.FloatType):
+        return "f32"
+    if isinstance(ty, ir.DoubleType):
+        return "f64"
+    return f"i{ty.width}"
 
 
 def flat_stride(scop: Scop, tensor: str, args, strides: dict[str, int]) -> int | None:
