@@ -39,3 +39,26 @@ def test_guarded_read_stays_inside_the_tensor(n, spec):
     result = subprocess.run([sys.executable, "-c", SCRIPT, str(n), spec], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", (result.returncode, result.stderr[-2000:])
+
+
+@pytest.mark.parametrize("spec", ["", "vectorize=0"])
+def test_strided_guarded_convolution_matches_numpy(spec):
+    """A stride-2 convolution with its padding as a ?: guard: masked gathers in vector code."""
+    import numpy as np
+
+    import polyc
+    from polyc import Options
+
+    k = polyc.define("""
+def conv_s2_pad1(float(C,H,W) X, float(M,C,KH,KW) F) -> (Y) {
+    Y(m,h,w) +=! ((2*h+kh-1 >= 0 && 2*h+kh-1 < H && 2*w+kw-1 >= 0 && 2*w+kw-1 < W) ?
+                  X(c,2*h+kh-1,2*w+kw-1) : 0.0) * F(m,c,kh,kw)
+        where h in 0:(H+1)/2, w in 0:(W+1)/2
+}""", options=Options.from_spec(spec))
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, (3, 37, 41)).astype(np.float32)
+    f = rng.uniform(-1, 1, (5, 3, 3, 3)).astype(np.float32)
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(1, 2))[:, ::2, ::2]
+    expected = np.einsum("chwij,mcij->mhw", windows, f)
+    np.testing.assert_allclose(k(x, f), expected, rtol=1e-4, atol=1e-5)

@@ -603,18 +603,41 @@ def load_access(env: Env, e: L.Access, b: ir.IRBuilder) -> ir.Value:
     stride = 0
     if env.lanes > 1:
         stride = flat_stride(env.scop, e.tensor, e.args, env.strides)
-        if stride not in (0, 1):
+        if stride is None or not 0 <= stride <= MAX_READ_STRIDE:
             raise CompileError(f"codegen: vector read of {e.tensor} with stride {stride}")
     if env.mask is not None:
         return _guarded_load(env, e.tensor, flat, stride, b)
+    if stride > 1:  # the span the lanes cover, then every stride-th element
+        span = load(env, e.tensor, flat, b, lanes=stride * (env.lanes - 1) + 1)
+        picks = ir.Constant(ir.VectorType(I32, env.lanes), [stride * j for j in range(env.lanes)])
+        return b.shuffle_vector(span, ir.Constant(span.type, ir.Undefined), picks)
     value = load(env, e.tensor, flat, b, lanes=env.lanes if stride == 1 else 1)
     return splat(b, value, env.lanes) if env.lanes > 1 and stride == 0 else value
+
+
+#: Reads whose element stride per vector lane is at most this are vectorized (loads of the span, or
+#: masked gathers under a guard); a stride-2 convolution reads its input with stride 2.
+MAX_READ_STRIDE = 4
 
 
 def _guarded_load(env: Env, tensor: str, flat: ir.Value, stride: int, b: ir.IRBuilder) -> ir.Value:
     """A read under ``env.mask``: ``llvm.masked.load`` for a vector; for one element, the address of the
     tensor's first element (always valid) where the mask is off, so no lane can touch memory outside."""
     dtype = env.scop.tensor(tensor).dtype
+    if env.lanes > 1 and stride > 1:
+        mty = memory_type(dtype)
+        vty = ir.VectorType(mty, env.lanes)
+        lanes_ty = ir.VectorType(I64, env.lanes)
+        # addresses of the lanes: first element + stride * lane (llvmlite's gep has no vector form)
+        first = b.ptrtoint(element_pointer(env, tensor, flat, b), I64)
+        step = stride * element_bytes(dtype)
+        addresses = b.add(splat(b, first, env.lanes), ir.Constant(lanes_ty, [step * j for j in range(env.lanes)]))
+        pointers = b.inttoptr(addresses, ir.VectorType(PTR, env.lanes))
+        fn = declare(env.module, f"llvm.masked.gather.v{env.lanes}{_type_suffix(mty)}.v{env.lanes}p0",
+                     ir.FunctionType(vty, [ir.VectorType(PTR, env.lanes), I32,
+                                           ir.VectorType(ir.IntType(1), env.lanes), vty]))
+        value = b.call(fn, [pointers, ir.Constant(I32, element_bytes(dtype)), env.mask, ir.Constant(vty, None)])
+        return b.icmp_unsigned("!=", value, const(vty, 0)) if dtype == "bool" else value
     if env.lanes > 1 and stride == 1:
         mty = memory_type(dtype)
         vty = ir.VectorType(mty, env.lanes)

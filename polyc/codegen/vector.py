@@ -123,7 +123,8 @@ def _statement_ok(k: Kernel, stmt, strides: dict[str, int], dtypes: set[str]) ->
         if e.dtype is not None:
             dtypes.add(e.dtype)
         if isinstance(e, L.Access):
-            if X.may_fail(e) or X.flat_stride(scop, e.tensor, e.args, strides) not in (0, 1):
+            stride = X.flat_stride(scop, e.tensor, e.args, strides)
+            if X.may_fail(e) or stride is None or not 0 <= stride <= X.MAX_READ_STRIDE:
                 return False
             dtypes.add(scop.tensor(e.tensor).dtype)
         if isinstance(e, L.Ident) and e.kind == "scalar":

@@ -34,6 +34,9 @@ from .scop import PolyStatement, Scop
 from .transforms import (band_coincident, band_extents, band_permute, band_split, band_tile, bands,
                          insert_mark, isolate_full_tiles, member_index)
 
+#: The largest element stride of a read along the vector loop that codegen vectorizes (strided loads).
+MAX_READ_STRIDE = 4
+
 #: Below this many statement instances a kernel stays single-threaded (thread start-up would dominate).
 PARALLEL_MIN_WORK = 1 << 16
 
@@ -168,11 +171,11 @@ def choose_members(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop):
         if not coincident[k] or index_of[k] is None or index_of[k] not in stmt.lhs:
             continue
         write, reads = access_strides(stmt, scop, index_of[k])
-        if write == 1 and all(r in (0, 1) for r in reads):
+        if write == 1 and all(r is not None and 0 <= r <= MAX_READ_STRIDE for r in reads):
             v = k
     if v is None:
         return None, None
-    vector_reads = [a for a, s in zip(_reads(stmt.rhs), access_strides(stmt, scop, index_of[v])[1]) if s == 1]
+    vector_reads = [a for a, s in zip(_reads(stmt.rhs), access_strides(stmt, scop, index_of[v])[1]) if s]
     best, u = 0, None
     for k in range(node.band_n_member()):
         if k == v or not coincident[k] or index_of[k] is None:
