@@ -70,9 +70,12 @@ def mlp_gelu(float(M,K) X, float(K,N) W, float(N) b) -> (Y) {
     Y(m,n) = 0.5 * x * (1.0 + tanh(0.79788456080286536 * (x + 0.044715 * x * x * x))) where x = P(m,n) + b(n)
 }
 
-# conv2d, stride 2, zero padding 3 (ResNet-50's first layer: 7x7 at 224x224 -> 112x112).
+# conv2d, stride 2, zero padding 3 (ResNet-50's first layer: 7x7 at 224x224 -> 112x112). The padding is a
+# temporary P, as the ONNX lowering writes it: the convolution then reads P with unguarded stride-2 loads
+# (a ?: guard inside the reduction would make every stride-2 read a masked gather).
 def conv2d_s2_pad3(float(N,C,H,W) X, float(M,C,KH,KW) F) -> (Y) {
-    Y(n,m,h,w) +=! (2*h+kh >= 3 && 2*h+kh < H+3 && 2*w+kw >= 3 && 2*w+kw < W+3) ? X(n,c,2*h+kh-3,2*w+kw-3) * F(m,c,kh,kw) : 0.0
+    P(n,c,i,j) = (i >= 3 && i < H+3 && j >= 3 && j < W+3) ? X(n,c,i-3,j-3) : 0.0 where i in 0:H+6, j in 0:W+6
+    Y(n,m,h,w) +=! P(n,c,2*h+kh,2*w+kw) * F(m,c,kh,kw)
         where h in 0:(H+6-KH)/2+1, w in 0:(W+6-KW)/2+1, kh in 0:KH, kw in 0:KW
 }
 
