@@ -24,7 +24,9 @@ Float ``+ - *`` carry the ``contract`` fast-math flag so the backend may fuse th
 """
 from __future__ import annotations
 
+import ctypes.util
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -380,13 +382,15 @@ def _emit_call(env: Env, e: L.Call, b: ir.IRBuilder) -> ir.Value:
         f = "fabs"
     if f in ("min", "max", "fmin", "fmax"):
         return min_max(b, f, args[0], args[1], dtype)
+    if f in _VECTOR_MATH and vector_math(env, f, args[0], b) is not None:
+        return vector_math(env, f, args[0], b)
     if f in _INTRINSICS:
         return b.call(intrinsic(env.module, f, ty, _INTRINSICS[f]), args)
     if f in _LIBM:
         return _call_libm(env, _LIBM[f][0 if dtype == "float32" else 1], args[0], b)
     if f == "sigmoid":
         neg = b.fneg(args[0])
-        exp = b.call(intrinsic(env.module, "exp", ty, 1), [neg])
+        exp = vector_math(env, "exp", neg, b) or b.call(intrinsic(env.module, "exp", ty, 1), [neg])
         return b.fdiv(const(ty, 1.0), b.fadd(const(ty, 1.0), exp))
     if f == "rsqrt":
         return b.fdiv(const(ty, 1.0), b.call(intrinsic(env.module, "sqrt", ty, 1), args))
@@ -405,6 +409,30 @@ def min_max(b: ir.IRBuilder, f: str, x: ir.Value, y: ir.Value, dtype: str) -> ir
     else:
         pick_x = b.or_(pick_x, b.fcmp_unordered("uno", y, y))  # y is NaN: ignore it
     return b.select(pick_x, x, y)
+
+
+#: Builtins glibc's vector math library (libmvec) has in every vector width: ``_ZGV<isa>N<lanes>v_<name>[f]``.
+_VECTOR_MATH = ("exp", "log", "sin", "cos", "tanh", "erf")
+_ISA = {128: "b", 256: "d", 512: "e"}  # SSE4, AVX2, AVX-512 variants of the vector ABI
+
+
+@functools.cache
+def has_libmvec() -> bool:
+    """Whether glibc's libmvec is on this machine (the JIT loads it; see ``jit._init_llvm``)."""
+    return ctypes.util.find_library("mvec") is not None
+
+
+def vector_math(env: Env, f: str, x: ir.Value, b: ir.IRBuilder) -> ir.Value | None:
+    """``f`` on a whole vector through libmvec (one call instead of one libm call per lane), or None when
+    ``x`` is a scalar, the vector is not 128/256/512 bits wide, or libmvec is missing."""
+    if not isinstance(x.type, ir.VectorType) or f not in _VECTOR_MATH or not has_libmvec():
+        return None
+    elem = x.type.element
+    bits = x.type.count * (32 if isinstance(elem, ir.FloatType) else 64)
+    if bits not in _ISA:
+        return None
+    name = f"_ZGV{_ISA[bits]}N{x.type.count}v_{f}{'f' if isinstance(elem, ir.FloatType) else ''}"
+    return b.call(declare(env.module, name, ir.FunctionType(x.type, [x.type])), [x])
 
 
 def _call_libm(env: Env, name: str, x: ir.Value, b: ir.IRBuilder) -> ir.Value:

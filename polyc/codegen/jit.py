@@ -29,7 +29,7 @@ def _init_llvm() -> None:
     """
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    for lib in ("m", "pthread"):
+    for lib in ("m", "mvec", "pthread"):
         path = ctypes.util.find_library(lib)
         if path:
             try:
