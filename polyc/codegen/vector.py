@@ -28,7 +28,7 @@ from llvmlite import ir
 from ..lang import ast as L
 from . import expr as X
 from .llvm import (Kernel, Region, emit_isl_expr, emit_loop, emit_node, emit_sequential_for, emit_trip_count,
-                   loop_bounds, uses_id)
+                   loop_bounds, uses_id, with_id)
 
 I64 = X.I64
 _OP = isl.ast_expr_op_type
@@ -44,6 +44,9 @@ def emit_vector_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) ->
     """
     plan = vector_plan(k, node)
     if plan is None:
+        reduction = reduction_plan(k, node)
+        if reduction is not None:
+            return emit_vector_reduction(k, r, node, block, *reduction)
         return emit_sequential_for(k, r, node, block)
     lanes, strides = plan
     bounds = loop_bounds(node)
@@ -191,3 +194,100 @@ def _walk(e: L.Expr):
     yield e
     for child in X.children(e):
         yield from _walk(child)
+
+
+# ---- reductions along the vector loop ----
+
+def reduction_plan(k: Kernel, node: isl.AstNode):
+    """``(lanes, strides, user)`` when the marked loop is one reduction statement (``+= *= max= min=``)
+    whose element stays put along the loop (write stride 0) and whose reads are vectorizable and do not
+    read the reduced tensor; else None."""
+    bounds = loop_bounds(node)
+    users = _user_nodes(node.for_get_body())
+    if bounds is None or bounds[2] != 1 or not users or len(users) != 1:
+        return None
+    it = node.for_get_iterator().get_id().name
+    call = users[0].user_get_expr()
+    stmt = k.statements.get(call.get_op_arg(0).get_id().name)
+    if stmt is None or stmt.op not in ("+=", "*=", "max=", "min=") or call.get_op_n_arg() - 1 != len(stmt.indices):
+        return None
+    strides = {}
+    for n, index in enumerate(stmt.indices):
+        c = _coefficient(call.get_op_arg(n + 1), it)
+        if c is None:
+            return None
+        strides[index] = c
+    scop = k.scop
+    dtype = scop.tensor(stmt.tensor).dtype
+    lhs = [L.Ident(i, dtype="int32", kind="index") for i in stmt.lhs]
+    if dtype == "bool" or X.flat_stride(scop, stmt.tensor, lhs, strides) != 0:
+        return None
+    dtypes = {dtype}
+    for e in _walk(stmt.rhs):
+        if e.dtype is not None:
+            dtypes.add(e.dtype)
+        if isinstance(e, L.Access):
+            stride = X.flat_stride(scop, e.tensor, e.args, strides)
+            if e.tensor == stmt.tensor or X.may_fail(e) or stride is None or not 0 <= stride <= X.MAX_READ_STRIDE:
+                return None
+    lanes = k.target.vector_bits // max(_BITS[d] for d in dtypes)
+    return (lanes, strides, users[0]) if lanes > 1 else None
+
+
+def emit_vector_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block, lanes: int,
+                          strides: dict, user: isl.AstNode) -> ir.Block:
+    """A reduction along the loop with ``lanes`` partial results in a vector register::
+
+        acc = splat(identity)
+        for (c = lo; c < lo + n/W*W; c += W)   acc = acc op rhs[c : c+W]
+        T[...] = T[...] op tree_reduce(acc)     ; log2(W) halving steps with the statement's own operator
+        for (; c <= hi; c += 1)                 T[...] = T[...] op rhs[c]
+
+    The partial sums are combined in a different order than the sequential loop (reassociation: float
+    sums differ in the last bits, as numpy's pairwise sums do)."""
+    from ..poly.build import identity_value
+
+    call = user.user_get_expr()
+    stmt = k.statements[call.get_op_arg(0).get_id().name]
+    dtype = k.scop.tensor(stmt.tensor).dtype
+    it = node.for_get_iterator().get_id().name
+    b = ir.IRBuilder(block)
+    init, last, n = emit_trip_count(r, loop_bounds(node), b)
+    vector_end = b.add(init, b.mul(b.sdiv(n, ir.Constant(I64, lanes)), ir.Constant(I64, lanes)))
+    vty = X.llvm_type(dtype, lanes)
+    acc = r.alloca(vty, "acc")
+    b.store(X.const(vty, identity_value(stmt.op, dtype)), acc)
+
+    def body(blk: ir.Block) -> ir.Block:
+        bb = ir.IRBuilder(blk)
+        indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
+        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, lanes=lanes, strides=strides)
+        value = X.convert(bb, X.emit_expr(env, stmt.rhs, bb), stmt.rhs.dtype, dtype)
+        bb.store(X.combine(bb, stmt.op, dtype, bb.load(acc, typ=vty), value), acc)
+        return bb.block
+
+    after = emit_loop(r, b.block, it, init, lambda bb, iv: bb.icmp_signed("<", iv, vector_end),
+                      ir.Constant(I64, lanes), body)
+
+    def fold() -> ir.Block:
+        bb = ir.IRBuilder(after)
+        value = bb.load(acc, typ=vty)
+        width = lanes
+        while width > 1:
+            half = width // 2
+            lo = bb.shuffle_vector(value, ir.Constant(value.type, ir.Undefined),
+                                   ir.Constant(ir.VectorType(X.I32, half), list(range(half))))
+            hi = bb.shuffle_vector(value, ir.Constant(value.type, ir.Undefined),
+                                   ir.Constant(ir.VectorType(X.I32, half), list(range(half, width))))
+            value = X.combine(bb, stmt.op, dtype, lo, hi)
+            width = half
+        total = bb.extract_element(value, ir.Constant(X.I32, 0))
+        indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
+        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail)
+        flat = X.flat_index(env, stmt.tensor, [indices[i] for i in stmt.lhs], bb)
+        X.store(env, stmt.tensor, flat, X.combine(bb, stmt.op, dtype, X.load(env, stmt.tensor, flat, bb), total), bb)
+        return bb.block
+
+    after = with_id(r, it, init, fold)
+    return emit_loop(r, after, it, vector_end, lambda bb, iv: bb.icmp_signed("<=", iv, last),
+                     ir.Constant(I64, 1), lambda blk: emit_node(k, r, node.for_get_body(), blk))

@@ -233,8 +233,9 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, 
     u, v = choose_members(node, stmt, scop) if (options.vectorize or options.register_tile) else (None, None)
     if not options.register_tile:
         u = None
+    rv = choose_reduction_member(node, stmt, scop) if v is None and options.vectorize else None
     P = [k for k in range(n) if coincident[k] and k not in (u, v)]
-    R = [k for k in range(n) if not coincident[k]]
+    R = [k for k in range(n) if not coincident[k] and k != rv] + ([rv] if rv is not None else [])
     order = P + [k for k in (u, v) if k is not None] + R
     extents = band_extents(node)
     mr, nr = register_tile_sizes(options, lanes(scop, target), getattr(target, "vector_bits", 256))
@@ -245,12 +246,49 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, 
         node = node.child(0)
     if v is not None:
         node = _point_loops(node, len(P), u is not None, len(R), mr, nr)
+    elif rv is not None:
+        node = _vector_reduction_loop(node)
     node = node_at(node.get_schedule(), band_path)
     if parallel and coincident[order[0]]:
         if node.band_n_member() > 1:
             node = band_split(node, 1)
         node = insert_mark(node, "parallel")
     return node
+
+
+def choose_reduction_member(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop) -> int | None:
+    """The innermost non-coincident member along which ``stmt`` is a vectorizable reduction: a reduction
+    operator, an index absent from the left-hand side, reads of stride 0..MAX_READ_STRIDE (one at least
+    moving), and no read of the reduced tensor. Codegen keeps one partial result per vector lane."""
+    if stmt.op not in ("+=", "*=", "max=", "min=") or scop.tensor(stmt.tensor).dtype == "bool":
+        return None
+    if any(a.tensor == stmt.tensor for a in _reads(stmt.rhs)):
+        return None
+    coincident = band_coincident(node)
+    found = None
+    for k in range(node.band_n_member()):
+        index = member_index(node, k, stmt)
+        if coincident[k] or index is None or index in stmt.lhs:
+            continue
+        _, reads = access_strides(stmt, scop, index)
+        if reads and all(r is not None and 0 <= r <= MAX_READ_STRIDE for r in reads) and any(reads):
+            found = k
+    return found
+
+
+def _vector_reduction_loop(point: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Mark the last member of the point band ``vector`` (a reduction along it). When statements branch
+    below (an initialisation beside the reduction), the member is first sunk into each statement
+    (``band_sink``) so the marked loop holds the reduction alone."""
+    if point.band_n_member() > 1:
+        point = band_split(point, point.band_n_member() - 1).child(0)
+    path = path_of(point)
+    if not _branches(point):
+        return insert_mark(point, "vector")
+    schedule = point.band_sink().get_schedule()
+    for leaf in reversed(_leaf_bands(node_at(schedule, path), 1)):
+        schedule = insert_mark(node_at(schedule, leaf), "vector").get_schedule()
+    return node_at(schedule, path)
 
 
 def path_of(node: isl.ScheduleNode) -> tuple[int, ...]:
