@@ -123,6 +123,20 @@ def test_batchnorm_without_conv_becomes_mul_add():
     assert ops_of(g) == ["Add", "Mul", "Relu"]
 
 
+@pytest.mark.parametrize("kernel,strides,pads", [((3, 3), (2, 2), (1, 1, 1, 1)), ((1, 1), (2, 2), (0, 0, 0, 0)),
+                                                  ((7, 5), (2, 3), (3, 2, 2, 1)), ((4, 4), (3, 1), (0, 1, 2, 1))])
+def test_strided_conv_becomes_space_to_depth(kernel, strides, pads):
+    w = RNG.standard_normal((4, 3) + kernel).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=list(strides), pads=list(pads))]
+    x = RNG.standard_normal((1, 3, 17, 14)).astype(np.float32)
+    inits = [const("w", w), const("b", RNG.standard_normal(4).astype(np.float32))]
+    shape = [1, 4] + [(n + pads[i] + pads[i + 2] - kernel[i]) // strides[i] + 1 for i, n in enumerate((17, 14))]
+    model = make_model(nodes, [vi("x", [1, 3, 17, 14])], [vi("y", shape)], inits)
+    g = assert_same(model, {"x": x}, rtol=1e-4, atol=1e-5)
+    convs = [d for _, d in g.nodes(data=True) if d["op"] == "Conv"]
+    assert len(convs) == 1 and convs[0]["attrs"].get("strides", [1, 1]) == [1, 1]
+
+
 def test_common_subexpressions_merge():
     nodes = [helper.make_node("Exp", ["x"], ["a"]), helper.make_node("Exp", ["x"], ["b"]),
              helper.make_node("Add", ["a", "b"], ["y"])]

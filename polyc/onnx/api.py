@@ -20,9 +20,9 @@ import numpy as np
 
 from .. import kernel as _kernel
 from ..errors import CompileError, PolycError, ShapeError
-from .executor import Program, Step, make_executor
+from .executor import Program, Step, make_executor, scratch_name
 from .fusion import fusion_groups, groups_summary
-from .graph import from_model
+from .graph import TensorInfo, from_model
 from .load import ModelLike, load_model
 from .lower import check_supported, lower_groups
 from .memory import plan_memory
@@ -169,17 +169,21 @@ def compile(model_or_path: ModelLike, options=None, input_shapes: Mapping[str, S
     t = time.perf_counter()
     groups = fusion_groups(graph)
     kernels = lower_groups(graph, groups)
-    plan = plan_memory(graph, groups)
     seconds["lower"] = time.perf_counter() - t
     t = time.perf_counter()
     if progress is None:
         progress = sys.stderr.isatty()
     steps, timings = compile_kernels(kernels, options, progress)
     seconds["kernels"] = time.perf_counter() - t
+    scratch = {s.group: {scratch_name(s.group, k): TensorInfo(tuple(spec.shape), np.dtype(spec.dtype))
+                         for k, spec in enumerate(s.compiled.temps)} for s in steps}
+    plan = plan_memory(graph, groups, scratch)
     constants = dict(graph.graph["constants"])
     for k in kernels:
         if k is not None:
             constants.update(k.constants)
     tensors = dict(graph.graph["tensors"])
+    for infos in scratch.values():
+        tensors.update(infos)
     program = Program(steps, plan, constants, tensors, tuple(graph.graph["inputs"]), tuple(graph.graph["outputs"]))
     return CompiledModel(graph, groups, kernels, plan, steps, timings, make_executor(program), seconds)

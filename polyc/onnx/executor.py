@@ -43,8 +43,14 @@ class Program:
     outputs: tuple
 
 
+def scratch_name(group: str, k: int) -> str:
+    """The arena name of temporary ``k`` of the kernel of ``group`` (a tensor its def does not return)."""
+    return f"{group}/scratch{k}"
+
+
 class PythonExecutor:
-    """Calls each kernel from Python in order; intermediates live in one preallocated arena.
+    """Calls each kernel from Python in order; intermediates and the kernels' temporaries live in one
+    preallocated arena.
 
     Not reentrant: one ``run`` at a time per executor (the arena and the kernels' temporaries are shared).
     """
@@ -56,10 +62,8 @@ class PythonExecutor:
         plan = program.plan
         for name, offset in plan.offsets.items():
             self.views[name] = self._view(name, offset)
-        self.temps = {}
-        for step in program.steps:
-            if id(step.compiled) not in self.temps:
-                self.temps[id(step.compiled)] = [np.zeros(t.shape, t.dtype) for t in step.compiled.temps]
+        self.temps = {step.group: [self.views[scratch_name(step.group, k)] for k in range(len(step.compiled.temps))]
+                      for step in program.steps}
         self.constants = {k: np.ascontiguousarray(v) for k, v in program.constants.items()}
 
     def _view(self, name: str, offset: int) -> np.ndarray:
@@ -90,7 +94,7 @@ class PythonExecutor:
             args = [self._array(t, feeds) for t in step.inputs]
             outs = [self._array(t, feeds) for t in step.outputs]
             pointers = [a.ctypes.data for a in args] + [o.ctypes.data for o in outs] + \
-                [t.ctypes.data for t in self.temps[id(step.compiled)]]
+                [t.ctypes.data for t in self.temps[step.group]]
             if profile is None:
                 step.compiled.run_pointers(pointers)
             else:

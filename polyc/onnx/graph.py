@@ -234,7 +234,8 @@ def _value_info(name: str, info: TensorInfo) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, None if info.shape is None else list(info.shape))
 
 
-def _export_attr(v):
+def export_attr(v):
+    """An attribute value as onnx.helper.make_node takes it (numpy arrays become TensorProtos)."""
     if isinstance(v, np.ndarray):
         return numpy_helper.from_array(v)
     return v
@@ -252,7 +253,7 @@ def to_model(g: nx.DiGraph, ir_version: int | None = None, weights: bool = True)
         d = g.nodes[nid]
         nodes.append(helper.make_node(d["op"], list(d["inputs"]), list(d["outputs"]), name=nid,
                                       domain=d.get("domain", ""),
-                                      **{k: _export_attr(v) for k, v in d["attrs"].items()}))
+                                      **{k: export_attr(v) for k, v in d["attrs"].items()}))
         used.update(d["inputs"])
     for name in g.graph["outputs"]:
         if producer(g, name) is None and name in g.graph["constants"] and name not in g.graph["inputs"]:

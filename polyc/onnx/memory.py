@@ -44,9 +44,14 @@ class MemoryPlan:
                 f"{self.total_bytes / 2**20:.2f} MiB in total ({saved:.0%} saved by sharing)")
 
 
-def plan_memory(g: nx.DiGraph, groups: list) -> MemoryPlan:
-    """Assign every kernel-written tensor an arena offset by liveness over the group order."""
-    tensors = g.graph["tensors"]
+def plan_memory(g: nx.DiGraph, groups: list, scratch: dict | None = None) -> MemoryPlan:
+    """Assign every kernel-written tensor an arena offset by liveness over the group order.
+
+    ``scratch`` (group name -> {tensor name: TensorInfo}) adds the kernels' own temporaries (tensors a def
+    writes but does not return), each alive only while its group runs.
+    """
+    tensors = dict(g.graph["tensors"])
+    scratch = scratch or {}
     alias, first, last = {}, {}, {}
 
     def root(t):
@@ -65,6 +70,9 @@ def plan_memory(g: nx.DiGraph, groups: list) -> MemoryPlan:
         for t in gr.outputs:
             first[t] = k
             last[t] = max(last.get(t, k), k)
+        for t, info in scratch.get(gr.name, {}).items():
+            tensors[t] = info
+            first[t] = last[t] = k
     end = len(groups)
     for t in g.graph["outputs"]:
         r = root(t)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper
+from onnx.reference import ReferenceEvaluator
 
 from .lower import Builder, broadcast_index, lazy, lit, times
 
@@ -414,24 +415,33 @@ def _window_counts(in_n, out_n, k, s, d, pb, lo, hi):
     return np.array([sum(1 for j in range(k) if lo <= o * s + j * d - pb < hi) for o in range(out_n)])
 
 
+def _average_divisors(b: Builder, node, x, ys, kernel, strides, dil, pb) -> np.ndarray:
+    """The divisor of each output window (over the spatial dims), as onnx's reference AveragePool uses it.
+
+    The number of real (non-pad) elements in each window is counted here; onnx's reference AveragePool on a
+    tensor of ones gives (that number / divisor), which settles count_include_pad with ceil_mode exactly.
+    """
+    nsp = len(x.shape) - 2
+    valid = np.ones((), np.int64)
+    for i in range(nsp):
+        n = x.shape[2 + i]
+        valid = np.multiply.outer(valid, _window_counts(n, ys[2 + i], kernel[i], strides[i], dil[i], pb[i], 0, n))
+    attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in node["attrs"].items()}
+    spatial = [1, 1] + list(x.shape[2:])
+    ref = helper.make_node("AveragePool", ["x"], ["y"], **attrs)
+    graph = helper.make_graph([ref], "avg", [helper.make_tensor_value_info("x", 11, spatial)],
+                              [helper.make_tensor_value_info("y", 11, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", b.opset)])
+    ratio = ReferenceEvaluator(model).run(None, {"x": np.ones(spatial, np.float64)})[0].reshape(valid.shape)
+    return np.where(ratio > 0, np.rint(valid / np.where(ratio > 0, ratio, 1.0)), 1.0)
+
+
 def average_pool(b: Builder, node):
     """AveragePool: the window sum divided by a compile-time count (count_include_pad, ceil_mode)."""
     x = b.input(node, 0)
     ys = b.out_shape(node)
     nsp, kernel, strides, dil, pb = _pool_geometry(b, node, x, ys)
-    include = _attr(node, "count_include_pad", 0)
-    pads = _attr(node, "pads", None)
-    counts = np.ones((), np.int64)
-    for i in range(nsp):
-        n = x.shape[2 + i]
-        if include:
-            pe = pads[nsp + i] if pads is not None and _attr(node, "auto_pad", "NOTSET") == "NOTSET" else \
-                max((ys[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - n - pb[i], 0)
-            lo, hi = -pb[i], n + pe
-        else:
-            lo, hi = 0, n
-        cnt = _window_counts(n, ys[2 + i], kernel[i], strides[i], dil[i], pb[i], lo, hi)
-        counts = np.multiply.outer(counts, cnt)
+    counts = _average_divisors(b, node, x, ys, kernel, strides, dil, pb)
     counts = counts.astype(x.dtype)
 
     def body(idx, red):

@@ -16,7 +16,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from ..errors import ShapeError, UnsupportedError
-from .graph import (TensorInfo, _export_attr, add_op, connect, consumers, copy_graph, fresh_name, producer,
+from .graph import (TensorInfo, export_attr, add_op, connect, consumers, copy_graph, fresh_name, producer,
                     remove_op, replace_uses, set_constant, to_model, topo_order)
 from .load import infer_shapes
 
@@ -116,7 +116,7 @@ def evaluate_node(d: dict, values: list, opset: int) -> list:
         return [np.full(tuple(int(v) for v in values[0]), fill.reshape(-1)[0], dtype=fill.dtype)]
     names = [f"i{k}" if v is not None else "" for k, v in enumerate(values)]
     outs = [f"o{k}" for k in range(len(d["outputs"]))]
-    node = helper.make_node(d["op"], names, outs, **{k: _export_attr(v) for k, v in d["attrs"].items()})
+    node = helper.make_node(d["op"], names, outs, **{k: export_attr(v) for k, v in d["attrs"].items()})
     inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
               for n, v in zip(names, values) if n]
     outputs = [helper.make_tensor_value_info(n, 0, None) for n in outs]
@@ -283,6 +283,116 @@ def decompose_batchnorm(g: nx.DiGraph) -> nx.DiGraph:
     return g
 
 
+def _conv_geometry(g: nx.DiGraph, d: dict):
+    """(strides, kernel, pads_begin, pads_end, out spatial) of a 2-D Conv with static shapes, or None."""
+    x, y = g.graph["tensors"].get(d["inputs"][0]), g.graph["tensors"].get(d["outputs"][0])
+    w = g.graph["constants"].get(d["inputs"][1])
+    if x is None or y is None or w is None or x.shape is None or y.shape is None or len(x.shape) != 4:
+        return None
+    a = d["attrs"]
+    if a.get("group", 1) != 1 or any(v != 1 for v in a.get("dilations", [1, 1])):
+        return None
+    strides, kernel = list(a.get("strides", [1, 1])), list(w.shape[2:])
+    auto = a.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        total = [max((y.shape[2 + i] - 1) * strides[i] + kernel[i] - x.shape[2 + i], 0) for i in range(2)]
+        pb = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+    elif auto == "VALID":
+        pb = [0, 0]
+    else:
+        pb = list(a.get("pads", [0, 0, 0, 0]))[:2]
+    return strides, kernel, pb, list(y.shape[2:])
+
+
+def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
+    """Rewrite a strided 2-D Conv with constant weights into a stride-1 Conv over its input's phases.
+
+    ``Y(oh) = sum_k Xpad(s*oh + k) W(k)`` with ``k = s*a + p`` reads phase ``p`` of the padded input at
+    ``oh + a``: so ``Pad -> Reshape (N,C,E,s,E',s') -> Slice (phases < K) -> Transpose (N,C,p,p',E,E')
+    -> Reshape (N,C*P*P',E,E') -> Conv(stride 1, W2)`` where ``W2[o, c*P*P' + p*P' + p', a, a'] =
+    W[o, c, s*a+p, s'*a'+p']`` (zero past the kernel). Unit-stride loops vectorize; strided ones do not.
+    A 1x1 stride-2 convolution becomes a subsampling Slice and a 1x1 convolution.
+    """
+    g = copy_graph(g)
+    consts, tensors = g.graph["constants"], g.graph["tensors"]
+    for nid in topo_order(g):
+        d = g.nodes[nid]
+        if d["op"] != "Conv":
+            continue
+        geo = _conv_geometry(g, d)
+        if geo is None:
+            continue
+        strides, kernel, pb, out = geo
+        if all(s == 1 for s in strides):
+            continue
+        x_name, w_name = d["inputs"][0], d["inputs"][1]
+        n, c, h, wd = tensors[x_name].shape
+        dtype = tensors[x_name].dtype
+        taps = [-(-k // s) for k, s in zip(kernel, strides)]          # A = ceil(K / s)
+        phases = [min(s, k) for k, s in zip(kernel, strides)]         # P
+        extent = [o + a - 1 for o, a in zip(out, taps)]                # E
+        pe = [s * e - size - b for s, e, size, b in zip(strides, extent, (h, wd), pb)]
+        if any(v < 0 for v in pe):
+            continue
+        w = consts[w_name]
+        w2 = np.zeros((w.shape[0], c, phases[0], phases[1], taps[0], taps[1]), w.dtype)
+        for ph in range(phases[0]):
+            for pw in range(phases[1]):
+                for ah in range(taps[0]):
+                    for aw in range(taps[1]):
+                        kh, kw = strides[0] * ah + ph, strides[1] * aw + pw
+                        if kh < kernel[0] and kw < kernel[1]:
+                            w2[:, :, ph, pw, ah, aw] = w[:, :, kh, kw]
+        w2 = w2.reshape(w.shape[0], c * phases[0] * phases[1], taps[0], taps[1])
+
+        def const(base, value):
+            name = fresh_name(g, f"{nid}_{base}")
+            set_constant(g, name, np.asarray(value))
+            return name
+
+        def tensor(base, shape):
+            name = fresh_name(g, f"{nid}_{base}")
+            tensors[name] = TensorInfo(tuple(shape), dtype)
+            return name
+        order = d["order"]
+        padded = tensor("padded", (n, c, strides[0] * extent[0], strides[1] * extent[1]))
+        blocks = tensor("blocks", (n, c, extent[0], strides[0], extent[1], strides[1]))
+        kept = tensor("phases", (n, c, extent[0], phases[0], extent[1], phases[1]))
+        moved = tensor("moved", (n, c, phases[0], phases[1], extent[0], extent[1]))
+        grouped = tensor("s2d", (n, c * phases[0] * phases[1], extent[0], extent[1]))
+        opset = g.graph["opset"]
+        pads = [0, 0, pb[0], pb[1], 0, 0, pe[0], pe[1]]
+        if any(pads):
+            if opset >= 11:
+                add_op(g, f"{nid}_pad", "Pad", [x_name, const("pads", np.array(pads, np.int64))], [padded], order=order)
+            else:
+                add_op(g, f"{nid}_pad", "Pad", [x_name], [padded], {"pads": pads}, order=order)
+        else:
+            padded = x_name
+        add_op(g, f"{nid}_blocks", "Reshape", [padded, const("shape6", np.array(tensors[blocks].shape, np.int64))],
+               [blocks], order=order)
+        if phases != strides:
+            ends = np.array([phases[0], phases[1]], np.int64)
+            if opset >= 10:
+                add_op(g, f"{nid}_phases", "Slice", [blocks, const("starts", np.zeros(2, np.int64)),
+                                                    const("ends", ends), const("axes", np.array([3, 5], np.int64))],
+                       [kept], order=order)
+            else:
+                add_op(g, f"{nid}_phases", "Slice", [blocks], [kept],
+                       {"starts": [0, 0], "ends": list(ends), "axes": [3, 5]}, order=order)
+        else:
+            kept = blocks
+        add_op(g, f"{nid}_move", "Transpose", [kept], [moved], {"perm": [0, 1, 3, 5, 2, 4]}, order=order)
+        add_op(g, f"{nid}_s2d", "Reshape", [moved, const("shape4", np.array(tensors[grouped].shape, np.int64))],
+               [grouped], order=order)
+        inputs = [grouped, const("W", w2)] + list(d["inputs"][2:3])
+        remove_op(g, nid)
+        add_op(g, nid, "Conv", inputs, d["outputs"], {"kernel_shape": taps}, order=order)
+    connect(g)
+    return g
+
+
 def eliminate_dead_code(g: nx.DiGraph) -> nx.DiGraph:
     """Remove nodes that no graph output depends on, and constants nothing reads."""
     g = copy_graph(g)
@@ -327,13 +437,19 @@ def infer_static_shapes(g: nx.DiGraph) -> nx.DiGraph:
     return g
 
 
-def simplify(g: nx.DiGraph) -> nx.DiGraph:
-    """The standard pass pipeline, in order; each step is a pure ``graph -> graph`` function."""
+def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
+    """The standard pass pipeline, in order; each step is a pure ``graph -> graph`` function.
+
+    ``space_to_depth=False`` keeps strided convolutions as they are (see
+    :func:`strided_conv_to_space_to_depth`).
+    """
     g = remove_identities(g)
     g = fold_constants(g)
     g = eliminate_common_subexpressions(g)
     g = fold_batchnorm(g)
     g = decompose_batchnorm(g)
+    if space_to_depth:
+        g = strided_conv_to_space_to_depth(g)
     g = fold_constants(g)
     g = eliminate_dead_code(g)
     g = infer_static_shapes(g)
@@ -341,4 +457,4 @@ def simplify(g: nx.DiGraph) -> nx.DiGraph:
 
 
 __all__ = ["remove_identities", "fold_constants", "eliminate_common_subexpressions", "fold_batchnorm",
-           "decompose_batchnorm", "eliminate_dead_code", "infer_static_shapes", "simplify", "evaluate_node"]
+           "decompose_batchnorm", "strided_conv_to_space_to_depth", "eliminate_dead_code", "infer_static_shapes", "simplify", "evaluate_node"]
