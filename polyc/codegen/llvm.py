@@ -185,12 +185,22 @@ def emit_block(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.B
 
 
 def emit_mark(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
-    """A mark (``isl_ast_node_mark_get_id``): passed to :func:`emit_for` when it marks a ``for``."""
-    mark = node.mark_get_id().name
+    """A mark (``isl_ast_node_mark_get_id``): passed to :func:`emit_for` when it marks a ``for``. When the
+    marked band was split into pieces (full and partial tiles: isl's ``isolate`` option), the mark's child is
+    a block: each piece's loop gets the mark, if it is the loop of the marked schedule dimension
+    (``parallel_c<depth>``)."""
+    mark, _, depth = node.mark_get_id().name.partition("_c")
     child = node.mark_get_node()
-    if child.get_type() == _NODE.for_:
-        return emit_for(k, r, child, block, mark)
-    return emit_node(k, r, child, block)
+    parts = [child]
+    if child.get_type() == _NODE.block:
+        children = child.block_get_children()
+        parts = [children.get_at(i) for i in range(children.n_ast_node())]
+    for part in parts:
+        # "parallel_c3" applies to the loops of schedule dimension 3 (isl iterator c3) only
+        marked = part.get_type() == _NODE.for_ and (
+            not depth or part.for_get_iterator().get_id().name == f"c{depth}")
+        block = emit_for(k, r, part, block, mark) if marked else emit_node(k, r, part, block)
+    return block
 
 
 def emit_if(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:

@@ -94,14 +94,9 @@ def optimize(schedule: isl.Schedule, scop: Scop, target, options: Options, verif
 
 def simple_band(node: isl.ScheduleNode, options: Options, parallel: bool) -> isl.ScheduleNode:
     """The fallback: tile the band as isl gave it and mark its outermost coincident loop parallel."""
-    coincident = band_coincident(node)
     if options.tile and node.band_get_permutable() and node.band_n_member() >= 2:
         node = band_tile(node, [32] * node.band_n_member())
-    if parallel and coincident and coincident[0]:
-        if node.band_n_member() > 1:
-            node = band_split(node, 1)
-        node = insert_mark(node, "parallel")
-    return node
+    return mark_parallel(node) if parallel else node
 
 
 # ---- step 1: classify the band's members -------------------------------------------------------------
@@ -234,7 +229,8 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, 
     if not options.register_tile:
         u = None
     rv = choose_reduction_member(node, stmt, scop) if v is None and options.vectorize else None
-    P = [k for k in range(n) if coincident[k] and k not in (u, v)]
+    # members of one value first: they generate no loop, so the next member's loop is the outermost one
+    P = sorted((k for k in range(n) if coincident[k] and k not in (u, v)), key=lambda k: band_extents(node)[k] > 1)
     R = [k for k in range(n) if not coincident[k] and k != rv] + ([rv] if rv is not None else [])
     order = P + [k for k in (u, v) if k is not None] + R
     extents = band_extents(node)
@@ -249,11 +245,33 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, 
     elif rv is not None:
         node = _vector_reduction_loop(node)
     node = node_at(node.get_schedule(), band_path)
-    if parallel and coincident[order[0]]:
-        if node.band_n_member() > 1:
-            node = band_split(node, 1)
-        node = insert_mark(node, "parallel")
-    return node
+    return mark_parallel(node) if parallel else node
+
+
+def mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Mark the outermost loop the band really generates ``parallel`` — if it is coincident.
+
+    isl's AST generator emits no loop for a member with a single value (one tile, or extent 1), and a mark
+    applies to the first loop below it, so the mark goes right above the first member with more than one
+    value; when that member carries a dependence (a reduction tile), nothing is marked.
+    """
+    top = node
+    while node.get_type() == isl.schedule_node_type.band:
+        extents = band_extents(node)
+        first = next((k for k, e in enumerate(extents) if e > 1), None)
+        if first is None:  # a band of single tiles: its loops are the point loops below
+            node = node.child(0)
+            continue
+        if not band_coincident(node)[first]:
+            break
+        depth = node.get_schedule_depth() + first
+        if node.band_n_member() > first + 1:
+            node = band_split(node, first + 1)
+        # the mark names the schedule dimension it parallelizes (isl calls its loop c<depth>): where isl
+        # splits the band into pieces and one piece has a single value there, the loop below in that piece
+        # is another dimension, which codegen then keeps sequential
+        return insert_mark(node, f"parallel_c{depth}").parent()
+    return top
 
 
 def choose_reduction_member(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop) -> int | None:

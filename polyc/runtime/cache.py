@@ -5,13 +5,15 @@ An entry is one file ``<key>.polyc`` under the cache directory (``POLYC_CACHE_DI
 
     b"POLYC1\\n" + sha256(payload).hexdigest() + b"\\n" + payload          payload = pickle of a dict
 
-The key is a sha256 over the caller's description (source text, def name, shapes, dtypes, options spec,
-target, versions of polyc, islpy and llvmlite). A file whose magic or checksum is wrong, or whose payload does not
+The key is a sha256 over a fingerprint of polyc's own source code and the caller's description (source
+text, def name, shapes, dtypes, options spec, target, versions of islpy and llvmlite), so a kernel compiled
+by other compiler code is never reused. A file whose magic or checksum is wrong, or whose payload does not
 unpickle, is a corrupt entry: it is deleted and reported as a miss, never trusted. Writes go to a temporary
 file renamed into place, so a concurrent reader never sees half an entry.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -34,9 +36,21 @@ def cache_dir() -> Path | None:
     return Path(base) / "polyc"
 
 
-def make_key(*parts) -> str:
-    """A hex sha256 key over the ``repr`` of ``parts``."""
+@functools.cache
+def code_fingerprint() -> str:
+    """A sha256 over the source of the installed polyc package: any change to the compiler's code makes
+    every earlier entry a miss (a kernel compiled by older code is never reused)."""
     h = hashlib.sha256()
+    root = Path(__file__).resolve().parent.parent
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def make_key(*parts) -> str:
+    """A hex sha256 key over the compiler's :func:`code_fingerprint` and the ``repr`` of ``parts``."""
+    h = hashlib.sha256(code_fingerprint().encode())
     for part in parts:
         h.update(repr(part).encode())
         h.update(b"\0")
