@@ -110,13 +110,19 @@ def compile_stages(checked: L.CheckedDef, sizes: dict, options: Options, target)
     scop, deps, schedule, transformed, ast = lower_stages(checked, sizes, options, target)
     t = time.perf_counter()
     module = new_module(target)
-    emit_kernel(module, scop, ast, target, options)
+    emit_kernel(module, dataclasses.replace(scop, name=symbol(scop.name)), ast, target, options)
     llvm = str(module)
     debug.log_stage("llvm", llvm, t)
     t = time.perf_counter()
     jit = compile_module(llvm, target, options.opt_level)
     debug.log_stage("jit", "", t)
     return Stages(scop, deps, schedule, transformed, ast, llvm, jit)
+
+
+def symbol(def_name: str) -> str:
+    """The native symbol of a def: prefixed, so a def named like a libm function (``pow``, ``exp``) cannot
+    shadow the function its own code calls."""
+    return f"polyc.{def_name}"
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,7 @@ class Compiled:
         self._jit = jit
         self._stages = stages
         self.name = kernel.checked.name
-        self._fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(jit.address(self.name))
+        self._fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(jit.address(symbol(self.name)))
         self.inputs = tuple(t for t in self.tensors if t.role == "input")
         self.outputs = tuple(t for t in self.tensors if t.role == "output")
         self.temps = tuple(t for t in self.tensors if t.role == "temp")

@@ -18,7 +18,8 @@ def test_native_matches_the_python_executor_and_onnxruntime_and_reloads_from_cac
     x = rng.standard_normal(compiled.input_shapes[0]).astype(np.float32)
     feeds = compiled.check_feeds({compiled.input_names[0]: x})
     program = compiled.executor.program
-    native = NativeExecutor(program)
+    native = compiled.executor
+    assert isinstance(native, NativeExecutor)  # the default
     python_side = [a for a in ponnx.executor.PythonExecutor(program).run(feeds)]
     got = native.run(feeds)
     for a, b in zip(got, python_side):

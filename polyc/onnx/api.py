@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import kernel as _kernel
 from ..errors import CompileError, PolycError, ShapeError
-from .executor import Program, Step, make_executor, scratch_name
+from .executor import Program, PythonExecutor, Step, make_executor, scratch_name
 from .fusion import fusion_groups, groups_summary
 from .graph import TensorInfo, from_model
 from .load import ModelLike, load_model
@@ -72,6 +72,7 @@ class CompiledModel:
         self.compile_seconds = timings
         self.stage_seconds = stage_seconds
         self.executor = executor
+        self._profiler = None
         tensors = graph.graph["tensors"]
         self.input_names = tuple(graph.graph["inputs"])
         self.input_shapes = tuple(tensors[n].shape for n in self.input_names)
@@ -111,8 +112,10 @@ class CompiledModel:
         """``(seconds, group, kernel name)`` per kernel group, slowest first, averaged over ``repeat`` runs."""
         times: dict = {}
         checked = self.check_feeds(feeds)
+        if self._profiler is None:  # per-kernel times need the Python-driven executor
+            self._profiler = PythonExecutor(self.executor.program)
         for _ in range(repeat):
-            self.executor.run(checked, profile=times)
+            self._profiler.run(checked, profile=times)
         names = {s.group: s.name for s in self.steps}
         return sorted(((t / repeat, g, names[g]) for g, t in times.items()), reverse=True)
 

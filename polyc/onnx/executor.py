@@ -9,6 +9,7 @@ picks the implementation.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -108,6 +109,14 @@ class PythonExecutor:
         return results
 
 
-def make_executor(program: Program) -> PythonExecutor:
-    """The executor for ``program`` (the Python-driven one until a native entry point exists)."""
+def make_executor(program: Program, native: bool | None = None):
+    """The executor for ``program``: the native one (every kernel in one module, one native call per run;
+    :mod:`polyc.onnx.native`), or the Python-driven one with ``native=False`` or ``POLYC_EXECUTOR=python``
+    (for debugging: it can time each kernel)."""
+    if native is None:
+        native = os.environ.get("POLYC_EXECUTOR", "native") != "python"
+    if native and program.steps:
+        from .native import NativeExecutor
+
+        return NativeExecutor(program)
     return PythonExecutor(program)
