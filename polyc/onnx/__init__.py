@@ -11,5 +11,7 @@ The stages live in their own modules: ``load`` (checker, shape inference), ``gra
 from . import backend
 from .api import CompiledModel, compile, compile_kernels
 from .load import ModelError
+from .testing import LIGHT_MODELS, light_model_path
 
-__all__ = ["compile", "CompiledModel", "compile_kernels", "backend", "ModelError"]
+__all__ = ["compile", "CompiledModel", "compile_kernels", "backend", "ModelError", "light_model_path",
+           "LIGHT_MODELS"]
