@@ -9,8 +9,10 @@ from polyc.onnx.testing import light_model_path, reweight
 onnxruntime = pytest.importorskip("onnxruntime")
 
 
-def test_native_matches_the_python_executor_and_onnxruntime_and_reloads_from_cache():
+def test_native_matches_the_python_executor_and_onnxruntime_and_reloads_from_cache(tmp_path, monkeypatch):
     import onnx
+
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))  # weights are data: another test's squeezenet hits
 
     model = reweight(onnx.load(light_model_path("squeezenet")), seed=3)
     compiled = ponnx.compile(model)
