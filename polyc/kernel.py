@@ -119,6 +119,15 @@ def compile_stages(checked: L.CheckedDef, sizes: dict, options: Options, target)
     return Stages(scop, deps, schedule, transformed, ast, llvm, jit)
 
 
+def with_env_threads(options: Options) -> Options:
+    """``options`` with ``threads`` from ``POLYC_NUM_THREADS`` when the options leave it open (None); the
+    thread count is baked into the code, so it is resolved before compiling and is part of the cache key."""
+    value = os.environ.get("POLYC_NUM_THREADS", "")
+    if options.threads is None and value.isdigit() and int(value) > 0:
+        return options.replace(threads=int(value))
+    return options
+
+
 def symbol(def_name: str) -> str:
     """The native symbol of a def: prefixed, so a def named like a libm function (``pow``, ``exp``) cannot
     shadow the function its own code calls."""
@@ -213,7 +222,7 @@ class Kernel:
     def __init__(self, source: str, name: str | None = None, options: Options | None = None,
                  filename: str = "<source>"):
         self.source = source
-        self.options = options or Options()
+        self.options = with_env_threads(options or Options())
         self.target = host_target()
         try:
             program = parse(source, filename)

@@ -165,3 +165,11 @@ def test_a_def_named_like_a_libm_function_does_not_call_itself():
     k = polyc.define("def pow(double(3) A, double(3) B) -> (C) { C(i) = pow(A(i), B(i)) }")
     a, b = np.array([2.0, 3.0, 4.0]), np.array([3.0, 2.0, 0.5])
     np.testing.assert_allclose(k(a, b), a ** b)
+
+
+def test_thread_count_comes_from_the_environment_when_the_options_leave_it_open(monkeypatch):
+    monkeypatch.setenv("POLYC_NUM_THREADS", "3")
+    assert polyc.define(MATMUL).options.threads == 3
+    assert polyc.define(MATMUL, options=polyc.Options(threads=1)).options.threads == 1
+    monkeypatch.delenv("POLYC_NUM_THREADS")
+    assert polyc.define(MATMUL).options.threads is None
