@@ -32,7 +32,8 @@ class Options:
     - ``parallel``: run the outermost coincident loop on ``threads`` threads (``None``: ``POLYC_NUM_THREADS`` or
       all cores).
     - ``unroll``: unroll innermost point loops of at most this many iterations (0: never).
-    - ``promote``: copy reused tiles of operands into contiguous buffers (packing).
+    - ``promote``: copy reused tiles of operands into contiguous buffers (packing). **Not implemented yet**:
+      accepted and ignored, so specs stay stable until the transform lands.
     - ``opt_level``: LLVM optimization level 0-3.
     """
 
@@ -67,8 +68,7 @@ class Options:
     @staticmethod
     def naive() -> "Options":
         """Every transformation off: isl's schedule as it comes, scalar sequential code (a test oracle)."""
-        return Options(tile=False, register_tile=False, vectorize=False, parallel=False, unroll=0,
-                       promote=False)
+        return Options(tile=False, register_tile=False, vectorize=False, parallel=False, unroll=0)
 
     def replace(self, **changes) -> "Options":
         """A copy with the given fields changed."""
