@@ -1,12 +1,11 @@
 """The native executor: a whole model as one LLVM module with a generated entry point."""
 import numpy as np
-import pytest
 
 import polyc.onnx as ponnx
 from polyc.onnx.native import NativeExecutor
 from polyc.onnx.testing import light_model_path, reweight
 
-onnxruntime = pytest.importorskip("onnxruntime")
+import onnxruntime  # noqa: E402  (a test dependency: a missing install must fail, not skip)
 
 
 def test_native_matches_the_python_executor_and_onnxruntime_and_reloads_from_cache(tmp_path, monkeypatch):
