@@ -34,6 +34,7 @@ from llvmlite import ir
 
 from ..errors import CompileError
 from ..lang import ast as L
+from ..poly.affine import children
 from ..poly.scop import Scop
 
 I1 = ir.IntType(1)
@@ -477,23 +478,6 @@ def may_fail(e: L.Expr) -> bool:
     if isinstance(e, L.Access) and any(is_data_dependent(a) for a in e.args):
         return True
     return any(may_fail(c) for c in children(e))
-
-
-def children(e: L.Expr) -> tuple:
-    """The direct subexpressions of ``e``."""
-    if isinstance(e, L.Access):
-        return e.args
-    if isinstance(e, L.Unary):
-        return (e.operand,)
-    if isinstance(e, L.Cast):
-        return (e.operand,)
-    if isinstance(e, L.Binary):
-        return (e.lhs, e.rhs)
-    if isinstance(e, L.Select):
-        return (e.cond, e.then, e.other)
-    if isinstance(e, L.Call):
-        return e.args
-    return ()
 
 
 def index_value(env: Env, e: L.Expr, b: ir.IRBuilder) -> ir.Value | None:
