@@ -23,7 +23,7 @@ import numpy as np
 
 from . import debug
 from .codegen import compile_module, emit_entry, emit_kernel, host_target, load_object, new_module
-from .errors import PolycError, ShapeError
+from .errors import KernelRuntimeError, PolycError, ShapeError
 from .lang import ast as L
 from .lang import check_def, parse
 from .options import Options
@@ -31,6 +31,7 @@ from .poly.astbuild import ast_to_c, build_ast
 from .poly.build import build_scop
 from .poly.deps import compute_dependences
 from .poly.schedule import compute_schedule
+from .poly.promote import promote
 from .poly.strategy import optimize
 from .poly.verify import check_schedule, respects
 from .runtime import cache
@@ -82,8 +83,9 @@ class Stages:
 
 def lower_stages(checked: L.CheckedDef, sizes: dict, options: Options, target) -> tuple:
     """The polyhedral half of the pipeline: CheckedDef + sizes → Scop → dependences → schedule → CPU
-    transforms → isl AST. Returns ``(scop, deps, schedule, transformed, ast)``; each stage is logged
-    (``POLYC_DEBUG``) and the verifier runs between stages when on."""
+    transforms → promotion → isl AST. Returns ``(scop, deps, schedule, transformed, ast)``; ``scop`` is the
+    promoted Scop codegen needs (its ``local`` tensors are not kernel arguments), ``deps`` those of the
+    original. Each stage is logged (``POLYC_DEBUG``) and the verifier runs between stages when on."""
     t = time.perf_counter()
     scop = build_scop(checked, sizes)
     debug.log_stage("scop", scop, t)
@@ -94,11 +96,15 @@ def lower_stages(checked: L.CheckedDef, sizes: dict, options: Options, target) -
     schedule = compute_schedule(scop, deps, options)
     debug.log_stage("schedule", schedule, t)
     t = time.perf_counter()
-    transformed = optimize(schedule, scop, target, options, verify=lambda s: respects(s, scop, deps))
-    debug.log_stage("transformed", transformed, t)
+    transformed, packings = optimize(schedule, scop, target, options, verify=lambda s: respects(s, scop, deps))
     if verifying():
         check_schedule(schedule, scop, deps, "schedule")
         check_schedule(transformed, scop, deps, "transformed")
+    if packings:
+        scop, transformed = promote(scop, transformed, packings, target, options)
+        if verifying():
+            check_schedule(transformed, scop, compute_dependences(scop), "promoted")
+    debug.log_stage("transformed", transformed, t)
     t = time.perf_counter()
     ast = build_ast(transformed)
     debug.log_stage("ast", ast_to_c(ast), t)
@@ -126,6 +132,16 @@ def with_env_threads(options: Options) -> Options:
     if options.threads is None and value.isdigit() and int(value) > 0:
         return options.replace(threads=int(value))
     return options
+
+
+def status_error(where: str, status: int):
+    """The KernelRuntimeError for a non-zero kernel status: 1 a data-dependent index out of range,
+    2 no memory for a packed (promoted) buffer."""
+    if status == 2:
+        return KernelRuntimeError(f"{where}: out of memory allocating a packed operand buffer (status 2)",
+                                  hint="free memory, or compile with Options(promote=False)")
+    return KernelRuntimeError(f"{where}: a data-dependent index is out of range (status {status})",
+                              hint="check the index tensors' values")
 
 
 def symbol(def_name: str) -> str:
@@ -180,13 +196,10 @@ class Compiled:
 
     def run_pointers(self, pointers) -> None:
         """Call the native kernel on raw data pointers (``tensors`` order). Raises KernelRuntimeError."""
-        from .errors import KernelRuntimeError
-
         args = (ctypes.c_void_p * len(pointers))(*pointers)
         status = self._fn(ctypes.addressof(args))
         if status != 0:
-            raise KernelRuntimeError(f"kernel '{self.name}': a data-dependent index is out of range "
-                                     f"(status {status})", hint="check the index tensors' values")
+            raise status_error(f"kernel '{self.name}'", status)
 
     def __call__(self, *args, out=None):
         arrays = self.kernel._coerce_inputs(args)
@@ -337,7 +350,8 @@ class Kernel:
                 compiled = None
         if compiled is None:
             stages = compile_stages(self.checked, sizes, options, self.target)
-            tensors = [TensorSpec(t.name, t.dtype, tuple(t.shape), t.role) for t in stages.scop.tensors]
+            tensors = [TensorSpec(t.name, t.dtype, tuple(t.shape), t.role) for t in stages.scop.tensors
+                       if t.role != "local"]
             compiled = Compiled(self, sizes, options, tensors, stages.jit, stages)
             cache.store(disk_key, {"object": stages.jit.object_code,
                                    "tensors": [(t.name, t.dtype, t.shape, t.role) for t in tensors]})
@@ -437,16 +451,13 @@ class NativeProgram:
 
     def run(self, buffers) -> None:
         """Run every call; ``buffers`` are the slots' base addresses (ints)."""
-        from .errors import KernelRuntimeError
-
         if len(buffers) != self.n_slots:
             raise ShapeError(f"program '{self.name}' takes {self.n_slots} buffers, got {len(buffers)}")
         for i, address in enumerate(buffers):
             self._buffers[i] = address
         status = self._fn(ctypes.addressof(self._buffers))
         if status != 0:
-            raise KernelRuntimeError(f"program '{self.name}': a kernel reported a data-dependent index out of "
-                                     f"range (status {status})", hint="check the index tensors' values")
+            raise status_error(f"program '{self.name}'", status)
 
 
 def link_program(name: str, kernels, calls, n_slots: int, options: Options | None = None) -> NativeProgram:

@@ -32,8 +32,9 @@ class Options:
     - ``parallel``: run the outermost coincident loop on ``threads`` threads (``None``: ``POLYC_NUM_THREADS`` or
       all cores).
     - ``unroll``: unroll innermost point loops of at most this many iterations (0: never).
-    - ``promote``: copy reused tiles of operands into contiguous buffers (packing). **Not implemented yet**:
-      accepted and ignored, so specs stay stable until the transform lands.
+    - ``promote``: pack the register tile's vector operand (GEMM's ``B``) into a panel-major local buffer before
+      the kernel (:mod:`polyc.poly.promote`): ``None`` where the strategy finds it pays (long rows, reuse),
+      ``True`` wherever the access allows it (for research and tests), ``False`` never.
     - ``opt_level``: LLVM optimization level 0-3.
     """
 
@@ -47,7 +48,7 @@ class Options:
     parallel: bool = True
     threads: int | None = None
     unroll: int = 0
-    promote: bool = True
+    promote: bool | None = None
     opt_level: int = 3
 
     def __post_init__(self):
@@ -68,7 +69,7 @@ class Options:
     @staticmethod
     def naive() -> "Options":
         """Every transformation off: isl's schedule as it comes, scalar sequential code (a test oracle)."""
-        return Options(tile=False, register_tile=False, vectorize=False, parallel=False, unroll=0)
+        return Options(tile=False, register_tile=False, vectorize=False, parallel=False, unroll=0, promote=False)
 
     def replace(self, **changes) -> "Options":
         """A copy with the given fields changed."""
@@ -111,7 +112,7 @@ class Options:
                     value = None
                 elif kind.startswith("tuple"):
                     value = tuple(int(v) for v in text.split("x"))
-                elif kind == "bool":
+                elif kind.startswith("bool"):
                     if text not in ("0", "1", "true", "false"):
                         raise ValueError(text)
                     value = text in ("1", "true")

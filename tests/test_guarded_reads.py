@@ -62,3 +62,46 @@ def conv_s2_pad1(float(C,H,W) X, float(M,C,KH,KW) F) -> (Y) {
     windows = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(1, 2))[:, ::2, ::2]
     expected = np.einsum("chwij,mcij->mhw", windows, f)
     np.testing.assert_allclose(k(x, f), expected, rtol=1e-4, atol=1e-5)
+
+
+PADDED_CONV = """
+def conv_pad(float(N,C,H,W) X, float(M,C,KH,KW) F) -> (Y) {
+    Y(n,m,h,w) +=! (h+kh >= 1 && h+kh <= H && w+kw >= 1 && w+kw <= W) ? X(n,c,h+kh-1,w+kw-1) * F(m,c,kh,kw) : 0.0
+        where h in 0:H-KH+3, w in 0:W-KW+3, kh in 0:KH, kw in 0:KW
+}
+"""
+
+
+def test_only_reads_that_can_leave_their_tensor_are_masked():
+    import numpy as np
+    import polyc
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((1, 5, 9, 28)).astype(np.float32)
+    F = rng.standard_normal((16, 5, 3, 3)).astype(np.float32)
+    compiled = polyc.define(PADDED_CONV).specialize(X, F)
+    stmt = next(s for s in compiled.stages.scop.statements if s.op == "+=")
+    assert sorted(a.tensor for a in stmt.safe_reads) == ["F"]  # F stays in bounds for every (m, c, kh, kw)
+    llvm = compiled.stage("llvm")
+    assert "masked.load" in llvm  # X, the padded read, is still masked
+    # the guarded update is one select around the accumulation (so LLVM can fuse the multiply-add)
+    assert "select" in llvm
+    padded = np.pad(X.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+    expected = np.einsum("nchwij,mcij->nmhw", windows, F.astype(np.float64))
+    np.testing.assert_allclose(compiled(X, F), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_guarded_update_keeps_nan_and_inf_where_the_guard_is_true_only():
+    import numpy as np
+    import polyc
+
+    k = polyc.define("""
+    def masked_sum(float(R,N) X) -> (S) {
+        S(r) +=! (i >= 2) ? X(r,i) * 2.0 : 0.0 where i in 0:N
+    }""")
+    x = np.tile(np.array([np.nan, np.inf, 1.0, 2.0, 3.0] * 7, dtype=np.float32), (3, 1))
+    x[1, 5:] = 1.0
+    s = k(x)
+    assert np.isnan(s[0])  # NaNs at i >= 2 count
+    assert s[1] == np.float32(2.0 * (1 + 2 + 3) + 2.0 * 30)  # the NaN and inf at i < 2 never enter

@@ -13,11 +13,12 @@ it, and odd so that every tiled and vectorized loop also runs its partial tile a
 To keep the whole file at a few minutes on a 2-core machine the option sets are split:
 
 - ``ALL_OPTIONS`` (the six most distinct) run on every case: transforms off, source-order schedule, tiny
-  tiles (3: every tile partial), no cache tile, scalar code, a 2-row register tile;
+  tiles (3: every tile partial), no cache tile, scalar code, a 2-row register tile, packing wherever the
+  access allows it (``promote=1``: the strategy would only pack long rows);
 - ``FUSION_OPTIONS`` (``fusion=min`` / ``fusion=max``) run on every case with more than one statement
   (reductions count: their initialisation is a statement), where fusion can change anything;
 - ``SUBSET_OPTIONS`` (the default options, ``tile_sizes=4x8x16``, ``register_tile=0``, parallel on two
-  threads, source order with transforms off) run on a representative subset of kernels;
+  threads with and without packing, source order with transforms off) run on a representative subset of kernels;
 - ``PARALLEL_SHAPES``: the strategy marks a loop parallel only above ~65k statement instances, so a few
   kernels run on larger shapes with ``parallel=1,threads=2``; the test checks that the AST really has a
   ``parallel`` loop and that the two-thread result is bit-identical to the one-thread result.
@@ -49,6 +50,7 @@ ALL_OPTIONS = {
     "tile=0": Options(tile=False),
     "vectorize=0": Options(vectorize=False),
     "register_tile_sizes=2": Options(register_tile_sizes=(2,)),
+    "promote=1": Options(promote=True),
 }
 
 FUSION_OPTIONS = {
@@ -61,6 +63,7 @@ SUBSET_OPTIONS = {
     "tile_sizes=4x8x16": Options(tile_sizes=(4, 8, 16)),
     "register_tile=0": Options(register_tile=False),
     "parallel=1,threads=2": Options(parallel=True, threads=2),
+    "promote=1,parallel=1,threads=2": Options(promote=True, parallel=True, threads=2),
     "identity+naive": Options.naive().replace(scheduler="identity"),
 }
 

@@ -90,7 +90,8 @@ class Env:
       lane to the next (0 for indices invariant in the vectorized loop);
     - ``mask``: inside a branch of ``?:``, where the branch is taken; a read touches memory only there
       (a masked vector load, or the tensor's first element standing in), so a guarded read such as
-      padding's ``X(h-1)`` never leaves its tensor.
+      padding's ``X(h-1)`` never leaves its tensor;
+    - ``safe_reads``: the statement's reads that stay in bounds without the guard (read unmasked).
     """
 
     module: ir.Module
@@ -101,6 +102,7 @@ class Env:
     lanes: int = 1
     strides: dict[str, int] = field(default_factory=dict)
     mask: ir.Value | None = None  # i1 / <lanes x i1>: reads happen only where it is true (a ?: guard)
+    safe_reads: frozenset = frozenset()  # reads in bounds whatever the mask (PolyStatement.safe_reads)
 
 
 # ---- small helpers on scalar-or-vector values ----
@@ -464,6 +466,30 @@ def combine(b: ir.IRBuilder, op: str, dtype: str, old: ir.Value, new: ir.Value) 
     raise CompileError(f"codegen: unknown statement operator {op!r}")
 
 
+def emit_update(env: Env, op: str, dtype: str, rhs: L.Expr, old: ir.Value | None, b: ir.IRBuilder) -> ir.Value:
+    """The value a statement ``T(...) op rhs`` stores, given the current element ``old`` (None for init/``=``).
+
+    A guarded contribution ``c ? t : e`` whose ``e`` is the identity of ``op`` (``0`` for ``+=``, ``1`` for
+    ``*=``: padding in a convolution) becomes ``c ? old op t : old``, so the multiply in ``t`` and the
+    accumulation stay one (masked) FMA. The only difference from the literal form is the sign of a zero sum:
+    ``-0.0 + 0.0`` is ``+0.0`` but the select keeps ``-0.0``.
+    """
+    if old is not None and isinstance(rhs, L.Select) and not may_fail(rhs.then) and _is_identity(rhs.other, op):
+        c = emit_expr(env, rhs.cond, b)
+        then_env = dataclasses.replace(env, mask=c if env.mask is None else b.and_(env.mask, c))
+        then = convert(b, emit_expr(then_env, rhs.then, b), rhs.then.dtype, dtype)
+        return b.select(c, combine(b, op, dtype, old, then), old)
+    value = convert(b, emit_expr(env, rhs, b), rhs.dtype, dtype)
+    return value if old is None else combine(b, op, dtype, old, value)
+
+
+def _is_identity(e: L.Expr, op: str) -> bool:
+    while isinstance(e, L.Cast):
+        e = e.operand
+    return isinstance(e, L.Const) and not isinstance(e.value, bool) and (
+        (op == "+=" and e.value == 0) or (op == "*=" and e.value == 1))
+
+
 # ---- tensor accesses ----
 
 def is_data_dependent(e: L.Expr) -> bool:
@@ -617,7 +643,7 @@ def load_access(env: Env, e: L.Access, b: ir.IRBuilder) -> ir.Value:
         stride = flat_stride(env.scop, e.tensor, e.args, env.strides)
         if stride is None or not 0 <= stride <= MAX_READ_STRIDE:
             raise CompileError(f"codegen: vector read of {e.tensor} with stride {stride}")
-    if env.mask is not None:
+    if env.mask is not None and e not in env.safe_reads:
         return _guarded_load(env, e.tensor, flat, stride, b)
     if stride > 1:  # the span the lanes cover, then every stride-th element
         span = load(env, e.tensor, flat, b, lanes=stride * (env.lanes - 1) + 1)
@@ -678,11 +704,22 @@ def _type_suffix(ty: ir.Type) -> str:
 
 
 def flat_stride(scop: Scop, tensor: str, args, strides: dict[str, int]) -> int | None:
-    """The element stride of access ``tensor(args)`` per vector lane (None if not affine), C order."""
-    shape = scop.tensor(tensor).shape
+    """The element stride of access ``tensor(args)`` per vector lane (None if not affine), C order.
+
+    A packed buffer (role ``local``, :mod:`polyc.poly.promote`) is read at ``v / c`` and ``v % c``: the
+    strategy packs only along a vector loop whose lanes stay inside one block of ``c``, so there ``v / c``
+    is invariant and ``v % c`` moves like ``v``.
+    """
+    t = scop.tensor(tensor)
+    shape = t.shape
     total, step = 0, 1
     for extent, arg in reversed(list(zip(shape, args))):
-        s = index_stride(arg, strides)
+        if t.role == "local" and isinstance(arg, L.Binary) and arg.op in ("/", "%") \
+                and isinstance(arg.rhs, L.Const):
+            s = index_stride(arg.lhs, strides)
+            s = None if s is None else (0 if arg.op == "/" else s)
+        else:
+            s = index_stride(arg, strides)
         if s is None:
             return None
         total += s * step

@@ -101,9 +101,9 @@ class Kernel:
         """A function name unique in the module: ``<kernel>.<what><n>``."""
         return f"{self.scop.name}.{what}{next(self._counter)}"
 
-    def env(self, region: Region, indices: dict[str, ir.Value]) -> X.Env:
-        """The environment lang expressions are emitted in (scalar)."""
-        return X.Env(self.module, self.scop, region.tensors, indices, region.fail)
+    def env(self, region: Region, indices: dict[str, ir.Value], stmt: PolyStatement) -> X.Env:
+        """The environment ``stmt``'s expressions are emitted in (scalar)."""
+        return X.Env(self.module, self.scop, region.tensors, indices, region.fail, safe_reads=stmt.safe_reads)
 
     def new_region(self, name: str, extra: list[str], in_parallel: bool = False) -> tuple[Region, list]:
         """``define internal i32 @name(ptr noalias %<tensor>..., i64 %<extra>...)`` and its Region.
@@ -150,12 +150,38 @@ def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: 
     ir.IRBuilder(end).ret(ir.Constant(I32, 0))
 
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    pointers = []
+    pointers, locals_ = [], []
     for i, t in enumerate(scop.tensors):
+        if t.role == "local":
+            pointers.append(_allocate(module, fn, b, t))
+            locals_.append(pointers[-1])
+            continue
         slot = b.gep(fn.args[0], [ir.Constant(I64, i)], inbounds=True, source_etype=PTR)
         pointers.append(b.load(slot, name=t.name, typ=PTR, align=8))
-    b.ret(b.call(region.fn, pointers))
+    status = b.call(region.fn, pointers)
+    free = X.declare(module, "free", ir.FunctionType(ir.VoidType(), [PTR]))
+    for p in locals_:
+        b.call(free, [p])
+    b.ret(status)
     return fn
+
+
+#: Status a kernel returns when a local buffer (a packed operand) cannot be allocated.
+STATUS_NO_MEMORY = 2
+
+
+def _allocate(module: ir.Module, fn: ir.Function, b: ir.IRBuilder, t) -> ir.Value:
+    """``aligned_alloc(64, bytes)`` for local tensor ``t`` (a promoted buffer, not an argument); the kernel
+    returns STATUS_NO_MEMORY when it fails. Leaves ``b`` in the block where the pointer is valid."""
+    nbytes = max(64, -(-t.size * X.element_bytes(t.dtype) // 64) * 64)
+    alloc = X.declare(module, "aligned_alloc", ir.FunctionType(PTR, [I64, I64]))
+    pointer = b.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, nbytes)], name=t.name)
+    ok = fn.append_basic_block(f"{t.name}.allocated")
+    failed = fn.append_basic_block(f"{t.name}.no_memory")
+    b.cbranch(b.icmp_unsigned("==", pointer, ir.Constant(PTR, None)), failed, ok)
+    ir.IRBuilder(failed).ret(ir.Constant(I32, STATUS_NO_MEMORY))
+    b.position_at_end(ok)
+    return pointer
 
 
 # ---- isl AST nodes ----
@@ -221,7 +247,7 @@ def emit_user(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Bl
     """A statement instance ``S(e0, e1, ...)``: evaluate the rhs, combine with the lhs element, store."""
     b = ir.IRBuilder(block)
     stmt, values = statement_call(k, r, node, b)
-    emit_statement(k.env(r, values), stmt, b)
+    emit_statement(k.env(r, values, stmt), stmt, b)
     return b.block
 
 
@@ -242,12 +268,9 @@ def statement_call(k: Kernel, r: Region, node: isl.AstNode, b: ir.IRBuilder):
 def emit_statement(env: X.Env, stmt: PolyStatement, b: ir.IRBuilder) -> None:
     """``tensor[lhs] (op)= rhs`` for one instance whose index values are ``env.indices``."""
     dtype = env.scop.tensor(stmt.tensor).dtype
-    value = X.convert(b, X.emit_expr(env, stmt.rhs, b), stmt.rhs.dtype, dtype)
     flat = X.flat_index(env, stmt.tensor, [env.indices[i] for i in stmt.lhs], b)
-    if stmt.op not in ("init", "="):
-        old = X.load(env, stmt.tensor, flat, b)
-        value = X.combine(b, stmt.op, dtype, old, value)
-    X.store(env, stmt.tensor, flat, value, b)
+    old = X.load(env, stmt.tensor, flat, b) if stmt.op not in ("init", "=") else None
+    X.store(env, stmt.tensor, flat, X.emit_update(env, stmt.op, dtype, stmt.rhs, old, b), b)
 
 
 # ---- for loops ----

@@ -141,14 +141,13 @@ def _emit_vector_statement(k: Kernel, r: Region, user: isl.AstNode, lanes: int,
     call = user.user_get_expr()
     stmt = k.statements[call.get_op_arg(0).get_id().name]
     indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), b) for n, i in enumerate(stmt.indices)}
-    env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, lanes=lanes, strides=strides[stmt.name])
+    env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, lanes=lanes, strides=strides[stmt.name],
+                safe_reads=stmt.safe_reads)
     dtype = k.scop.tensor(stmt.tensor).dtype
-    value = X.convert(b, X.emit_expr(env, stmt.rhs, b), stmt.rhs.dtype, dtype)
     scalar_env = dataclasses.replace(env, lanes=1, strides={})
     flat = X.flat_index(scalar_env, stmt.tensor, [indices[i] for i in stmt.lhs], b)
-    if stmt.op not in ("init", "="):
-        value = X.combine(b, stmt.op, dtype, X.load(env, stmt.tensor, flat, b, lanes=lanes), value)
-    X.store(env, stmt.tensor, flat, value, b)
+    old = X.load(env, stmt.tensor, flat, b, lanes=lanes) if stmt.op not in ("init", "=") else None
+    X.store(env, stmt.tensor, flat, X.emit_update(env, stmt.op, dtype, stmt.rhs, old, b), b)
 
 
 def _user_nodes(body: isl.AstNode) -> list[isl.AstNode] | None:
@@ -261,9 +260,9 @@ def emit_vector_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Blo
     def body(blk: ir.Block) -> ir.Block:
         bb = ir.IRBuilder(blk)
         indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
-        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, lanes=lanes, strides=strides)
-        value = X.convert(bb, X.emit_expr(env, stmt.rhs, bb), stmt.rhs.dtype, dtype)
-        bb.store(X.combine(bb, stmt.op, dtype, bb.load(acc, typ=vty), value), acc)
+        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, lanes=lanes, strides=strides,
+                    safe_reads=stmt.safe_reads)
+        bb.store(X.emit_update(env, stmt.op, dtype, stmt.rhs, bb.load(acc, typ=vty), bb), acc)
         return bb.block
 
     after = emit_loop(r, b.block, it, init, lambda bb, iv: bb.icmp_signed("<", iv, vector_end),

@@ -223,7 +223,31 @@ def _statement(name, indices, domain, cs, op, rhs, sizes, shapes) -> PolyStateme
         for text in _read_texts(rhs, name, indices, sizes, shapes, guard=None):
             reads = reads.union(isl.UnionMap(text).intersect_domain(isl.UnionSet.from_set(domain)))
     return PolyStatement(name, tuple(indices), domain.coalesce(), stmt.tensor, lhs, op, rhs, write.coalesce(),
-                         reads.coalesce(), stmt.span)
+                         reads.coalesce(), stmt.span, _safe_reads(rhs, name, indices, domain, sizes, shapes))
+
+
+def _safe_reads(rhs, name, indices, domain: isl.Set, sizes, shapes) -> frozenset:
+    """The affine reads of ``rhs`` that stay inside their tensor for every point of ``domain``, ignoring the
+    ``?:`` guards above them (so they need no mask); reads with a data-dependent index are never safe."""
+    safe = set()
+    dims = ", ".join(isl_name(i) for i in indices)
+    index_set = set(indices)
+
+    def visit(e):
+        if isinstance(e, L.Access) and e.args:
+            texts = [affine_text(arg, index_set, sizes) for arg in e.args]
+            if all(t is not None for t in texts):
+                shape = shapes[e.tensor]
+                access = isl.Map(f"{{ {name}[{dims}] -> [{', '.join(texts)}] }}").intersect_domain(domain)
+                names = ", ".join(f"a{k}" for k in range(len(shape)))
+                inside = " and ".join(f"0 <= a{k} < {n}" for k, n in enumerate(shape))
+                if access.range().is_subset(isl.Set(f"{{ [{names}] : {inside} }}")):
+                    safe.add(e)
+        for c in children(e):
+            visit(c)
+
+    visit(rhs)
+    return frozenset(safe)
 
 
 def _read_texts(expr, name, indices, sizes, shapes, guard):

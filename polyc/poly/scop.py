@@ -47,6 +47,8 @@ class PolyStatement:
 
     ``op`` is ``"init"`` (store ``rhs``, the identity), ``"="``, ``"+="``, ``"*="``, ``"max="`` or ``"min="``
     (combine the current value of ``tensor[lhs]`` with ``rhs``).
+    ``safe_reads`` lets codegen read unconditionally what a guard does not need to protect: in
+    ``cond ? X(h+kh-1) * F(m,kh) : 0`` only ``X`` can leave its tensor where ``cond`` is false.
     """
 
     name: str
@@ -59,6 +61,9 @@ class PolyStatement:
     write: isl.Map
     reads: isl.UnionMap
     span: object = None
+    #: reads of ``rhs`` (the Access nodes themselves) that stay inside their tensor over the whole domain,
+    #: whatever the ``?:`` guards above them say: codegen loads them without a mask
+    safe_reads: frozenset = frozenset()
 
 
 @dataclass(frozen=True, eq=False)

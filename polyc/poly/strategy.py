@@ -18,12 +18,17 @@ For each outermost band of isl's tree (in the manner of TC's numbered ``MappedSc
    so each statement's innermost loops are ``R, ur, vr``: the reduction loop updates an ``MR x NR`` block of
    accumulators that LLVM keeps in registers;
 5. **marks**: ``unroll`` on ``ur``, ``vector`` on ``vr`` (codegen emits them as unrolled copies and LLVM vector
-   code of the target's width).
+   code of the target's width);
+6. **packing** (promotion): when the register tile's vector operand walks long rows along the reduction
+   (GEMM's ``B(k, n)``), decide to copy it into a panel-major buffer (:class:`Packing`, carried out by
+   :func:`polyc.poly.promote.promote` after the bands are done).
 
 Every step is checked: when a step would break a dependence (the verifier's test), the band keeps the
 previous tree. ``target`` is duck-typed: ``cores``, ``vector_bits``, ``l2_bytes`` (``polyc.codegen.target``).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import islpy as isl
 
@@ -69,27 +74,32 @@ def _itemsize(dtype: str) -> int:
             "float32": 4}.get(dtype, 8)
 
 
-def optimize(schedule: isl.Schedule, scop: Scop, target, options: Options, verify=None) -> isl.Schedule:
-    """Apply the CPU strategy to every outermost band of ``schedule``; returns the new schedule.
+def optimize(schedule: isl.Schedule, scop: Scop, target, options: Options, verify=None):
+    """Apply the CPU strategy to every outermost band of ``schedule``.
 
+    Returns ``(schedule, packings)``: the new schedule and the :class:`Packing` decisions of the bands whose
+    register tile was kept (step 6, carried out by :func:`polyc.poly.promote.promote`).
     ``verify(schedule) -> bool`` says whether a tree respects the dependences; each band's transformation is
     kept only if it does (without ``verify`` every step is trusted).
     """
     count = len(bands(schedule))
     parallel = options.parallel and threads(options, target) > 1 and work(scop) >= PARALLEL_MIN_WORK
+    packings = []
     for i in range(count):
         node = bands(schedule)[i]
         try:
-            candidate = optimize_band(node, scop, target, options, parallel).get_schedule()
+            done, packing = optimize_band(node, scop, target, options, parallel)
+            candidate = done.get_schedule()
         except isl.Error:
             continue
         if verify is None or verify(candidate):
             schedule = candidate
+            packings += [packing] if packing is not None else []
         else:
             candidate = simple_band(node, options, parallel).get_schedule()
             if verify(candidate):
                 schedule = candidate
-    return schedule
+    return schedule, tuple(packings)
 
 
 def simple_band(node: isl.ScheduleNode, options: Options, parallel: bool) -> isl.ScheduleNode:
@@ -219,10 +229,10 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
 
 
 def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, parallel: bool):
-    """Steps 1-5 on one outermost band; returns a node of the new tree."""
+    """Steps 1-6 on one outermost band; returns ``(node of the new tree, Packing or None)``."""
     stmt = main_statement(node, scop)
     if stmt is None or not node.band_get_permutable():
-        return simple_band(node, options, parallel)
+        return simple_band(node, options, parallel), None
     coincident = band_coincident(node)
     n = node.band_n_member()
     u, v = choose_members(node, stmt, scop) if (options.vectorize or options.register_tile) else (None, None)
@@ -235,6 +245,13 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, 
     order = P + [k for k in (u, v) if k is not None] + R
     extents = band_extents(node)
     mr, nr = register_tile_sizes(options, lanes(scop, target), getattr(target, "vector_bits", 256))
+    packing = None
+    if u is not None and v is not None and R and options.promote is not False:
+        tile_v = None
+        if options.tile:
+            tile_v = cache_tile_sizes(order, u, v, coincident, extents, options, target, mr, nr)[order.index(v)]
+        packing = choose_packing(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt), nr,
+                                 tile_v, extents[u] // mr, force=options.promote is True)
     node = band_permute(node, order)
     band_path = path_of(node)
     if options.tile:
@@ -245,7 +262,61 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, 
     elif rv is not None:
         node = _vector_reduction_loop(node)
     node = node_at(node.get_schedule(), band_path)
-    return mark_parallel(node) if parallel else node
+    return (mark_parallel(node) if parallel else node), packing
+
+
+# ---- step 6: packing (promotion) ----------------------------------------------------------------------
+
+#: Pack a read when walking its rows along the reduction jumps at least this many bytes (a page: each step of
+#: the micro-kernel's reduction loop would touch a new page and, for power-of-two rows, the same cache sets).
+PACK_MIN_ROW_BYTES = 4096
+
+#: ... and when each packed panel is reused by at least this many register-tile rows.
+PACK_MIN_REUSE = 4
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Step 6's decision: copy read ``read`` of statement ``statement`` into a panel-major buffer.
+
+    The read is ``T(a_1, ..., a_{p-1}, v)`` with plain indices, ``v`` the register tile's vector index
+    (``index``) and ``a_{p-1}`` a reduction index. The buffer is ``T__p(a_1, ..., a_{p-2}, v / block,
+    a_{p-1}, v % block)``: the micro-kernel's reduction loop then reads ``block`` consecutive elements per step,
+    one panel after another (GotoBLAS's packed B panel). ``block`` is the register tile's width NR, and the
+    vector loop's lanes never leave one block: its tiles start at multiples of NR.
+    """
+
+    statement: str
+    read: L.Access
+    index: str
+    block: int
+
+
+def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index: str | None, nr: int,
+                   tile_v: int | None, reuse: int, force: bool = False) -> Packing | None:
+    """The read of ``stmt`` worth packing for a register tile over ``(u_index, v_index)`` of width ``nr``,
+    or None. ``tile_v`` is the cache tile size of the vector member (None: not tiled); ``reuse`` how many
+    register-tile rows read each panel. Chosen: an input tensor read with distinct plain indices, stride 1 in
+    ``v_index`` and invariant in ``u_index`` (every row of the register tile reads it), whose
+    next-to-last index is a reduction index with a row of at least PACK_MIN_ROW_BYTES. ``force`` drops the
+    two thresholds (row bytes, reuse), not the conditions that make the packed layout correct."""
+    if u_index is None or v_index is None or (tile_v is not None and tile_v % nr):
+        return None
+    if reuse < PACK_MIN_REUSE and not force:
+        return None
+    if stmt.op not in ("+=", "*=", "max=", "min="):
+        return None
+    written = {s.tensor for s in scop.statements}
+    for read in _reads(stmt.rhs):
+        tensor = scop.tensor(read.tensor)
+        names = [a.name if isinstance(a, L.Ident) and a.kind == "index" else None for a in read.args]
+        if (tensor.name in written or len(names) < 2 or None in names or len(set(names)) != len(names)
+                or names[-1] != v_index or u_index in names or names[-2] in stmt.lhs):
+            continue
+        if tensor.shape[-1] * _itemsize(tensor.dtype) < PACK_MIN_ROW_BYTES and not force:
+            continue
+        return Packing(stmt.name, read, v_index, nr)
+    return None
 
 
 def mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:

@@ -1,0 +1,133 @@
+"""Promotion (packing): copy a reused operand into a contiguous, panel-major local buffer before the kernel.
+
+The CPU strategy decides what to pack (:class:`~polyc.poly.strategy.Packing`, its step 6); :func:`promote`
+carries it out on the Scop and the schedule tree, as PPCG and AKG do promotion, with a copy statement:
+
+- a local tensor ``B__p0`` (role ``"local"``: codegen allocates it, it is not a kernel argument) and a copy
+  statement ``P0`` that fills it: for GEMM's ``B(k, n)`` with panels of ``NR = 32`` columns,
+  ``{ P0[nb, k, nl] : 0 <= k < K and 0 <= nl < 32 and 32 nb + nl < N }`` writes ``B__p0[nb, k, nl]`` and
+  reads ``B[k, 32 nb + nl]``;
+- the packed read rewritten: ``B(k, n)`` becomes ``B__p0(n / 32, k, n % 32)`` in the statement's expression
+  and its access relation (``{ S1[m, n, k] -> B__p0[floor(n/32), k, n mod 32] }``);
+- the schedule: ``sequence(P0's band [nb, k, nl], the transformed tree)`` (``isl_schedule_sequence``), the
+  copy's ``nl`` loop marked ``vector`` and its ``nb`` loop ``parallel`` like the kernel's.
+
+The copy runs once per call, before everything else; the RAW dependence copy → compute is satisfied by the
+sequence (the verifier checks it with the promoted Scop's own dependences).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import islpy as isl
+
+from ..lang import ast as L
+from ..options import Options
+from .affine import affine_text, isl_name
+from .scop import PolyStatement, Scop, Tensor
+from .strategy import Packing, mark_parallel, threads, work, PARALLEL_MIN_WORK
+from .transforms import band_split, insert_mark
+
+
+def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], target,
+            options: Options) -> tuple[Scop, isl.Schedule]:
+    """Carry out ``packings`` (from :func:`~polyc.poly.strategy.optimize`): returns the promoted Scop (local
+    tensors appended after the kernel's arguments, copy statements, rewritten reads) and the schedule with the
+    copies in sequence before ``schedule``. Without packings both come back unchanged."""
+    if not packings:
+        return scop, schedule
+    parallel = options.parallel and threads(options, target) > 1 and work(scop) >= PARALLEL_MIN_WORK
+    tensors, statements = list(scop.tensors), list(scop.statements)
+    copies = []
+    for k, packing in enumerate(packings):
+        source = scop.tensor(packing.read.tensor)
+        local, copy = _copy_statement(scop, packing, source, f"{source.name}__p{k}", f"P{k}")
+        tensors.append(local)
+        copies.append(copy)
+        statements = [_rewrite(s, packing, local, scop.sizes) if s.name == packing.statement else s
+                      for s in statements]
+    promoted = dataclasses.replace(scop, tensors=tuple(tensors), statements=tuple(copies + statements))
+    for copy in reversed(copies):
+        schedule = _copy_schedule(copy, parallel, options).sequence(schedule)
+    return promoted, schedule
+
+
+def _copy_statement(scop: Scop, packing: Packing, source: Tensor, name: str, stmt_name: str):
+    """The local tensor and the copy statement of ``packing`` (see the module docstring)."""
+    nr = packing.block
+    *outer, inner = source.shape[:-1]
+    n = source.shape[-1]
+    shape = tuple(outer) + (-(-n // nr), inner, nr)
+    local = Tensor(name, source.dtype, shape, "local")
+    indices = tuple(f"p{d}" for d in range(len(shape)))  # [a_1 .. a_{p-2}, vb, a_{p-1}, vl]
+    *lead, vb, row, vl = indices
+    dims = ", ".join(indices)
+    bounds = [f"0 <= {i} < {e}" for i, e in zip(indices, shape)] + [f"{nr}*{vb} + {vl} < {n}"]
+    domain = isl.Set(f"{{ {stmt_name}[{dims}] : {' and '.join(bounds)} }}")
+    source_args = ", ".join(lead + [row, f"{nr}*{vb} + {vl}"])
+    write = isl.Map(f"{{ {stmt_name}[{dims}] -> {isl_name(name)}[{dims}] }}").intersect_domain(domain)
+    reads = isl.UnionMap(f"{{ {stmt_name}[{dims}] -> {isl_name(source.name)}[{source_args}] }}")
+    reads = reads.intersect_domain(isl.UnionSet.from_set(domain))
+
+    def ident(i):
+        return L.Ident(i, None, "int32", "index")
+
+    args = [ident(i) for i in lead] + [ident(row), L.Binary("+", L.Binary("*", L.Const(nr, None, "int32"),
+                                                                          ident(vb), None, "int32"),
+                                                          ident(vl), None, "int32")]
+    rhs = L.Access(source.name, tuple(args), None, source.dtype)
+    copy = PolyStatement(stmt_name, indices, domain, name, indices, "=", rhs, write, reads, None, frozenset([rhs]))
+    return local, copy
+
+
+def _rewrite(stmt: PolyStatement, packing: Packing, local: Tensor, sizes: dict) -> PolyStatement:
+    """``stmt`` reading ``local`` where it read ``packing.read``."""
+    nr = packing.block
+    args = packing.read.args
+    v = args[-1]
+    new_args = tuple(args[:-2]) + (L.Binary("/", v, L.Const(nr, None, "int32"), None, "int32"), args[-2],
+                                   L.Binary("%", v, L.Const(nr, None, "int32"), None, "int32"))
+    new_read = L.Access(local.name, new_args, packing.read.span, packing.read.dtype)
+    rhs = _replace(stmt.rhs, packing.read, new_read)
+    index_set = set(stmt.indices)
+    dims = ", ".join(isl_name(i) for i in stmt.indices)
+    texts = ", ".join(affine_text(a, index_set, sizes) for a in new_args)
+    old_texts = ", ".join(affine_text(a, index_set, sizes) for a in args)
+    domain = isl.UnionSet.from_set(stmt.domain)
+    old_map = isl.UnionMap(f"{{ {stmt.name}[{dims}] -> {isl_name(packing.read.tensor)}[{old_texts}] }}")
+    new_map = isl.UnionMap(f"{{ {stmt.name}[{dims}] -> {isl_name(local.name)}[{texts}] }}")
+    reads = stmt.reads.subtract(old_map.intersect_domain(domain)).union(new_map.intersect_domain(domain))
+    return dataclasses.replace(stmt, rhs=rhs, reads=reads.coalesce(), safe_reads=stmt.safe_reads | {new_read})
+
+
+def _replace(e: L.Expr, old: L.Access, new: L.Access) -> L.Expr:
+    """``e`` with every occurrence of the read ``old`` replaced by ``new``."""
+    if e is old or e == old:
+        return new
+    if isinstance(e, L.Access):
+        return dataclasses.replace(e, args=tuple(_replace(a, old, new) for a in e.args))
+    if isinstance(e, (L.Unary, L.Cast)):
+        return dataclasses.replace(e, operand=_replace(e.operand, old, new))
+    if isinstance(e, L.Binary):
+        return dataclasses.replace(e, lhs=_replace(e.lhs, old, new), rhs=_replace(e.rhs, old, new))
+    if isinstance(e, L.Select):
+        return dataclasses.replace(e, cond=_replace(e.cond, old, new), then=_replace(e.then, old, new),
+                                   other=_replace(e.other, old, new))
+    if isinstance(e, L.Call):
+        return dataclasses.replace(e, args=tuple(_replace(a, old, new) for a in e.args))
+    return e
+
+
+def _copy_schedule(copy: PolyStatement, parallel: bool, options: Options) -> isl.Schedule:
+    """The copy's own schedule: a band over its indices in order, the last (``vl``) marked ``vector``, the
+    outermost loop with more than one value marked ``parallel``."""
+    dims = ", ".join(copy.indices)
+    members = ", ".join(f"{{ {copy.name}[{dims}] -> [({i})] }}" for i in copy.indices)
+    schedule = isl.Schedule.from_domain(isl.UnionSet.from_set(copy.domain))
+    node = schedule.get_root().child(0).insert_partial_schedule(isl.MultiUnionPwAff(f"[{members}]"))
+    node = node.band_set_permutable(1)
+    for k in range(node.band_n_member()):
+        node = node.band_member_set_coincident(k, 1)
+    if options.vectorize:
+        node = insert_mark(band_split(node, node.band_n_member() - 1).child(0), "vector").parent().parent()
+    return (mark_parallel(node) if parallel else node).get_schedule()

@@ -1,0 +1,111 @@
+"""Promotion (packing): the strategy's decision, the promoted Scop and schedule, and results against numpy.
+
+The transformation sweep (``tests/test_transform_sweep.py``, option set ``promote=1``) runs every library
+kernel with packing forced wherever the access allows it; this file checks what is packed, when, and how.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import polyc
+from polyc import Options
+from polyc.errors import KernelRuntimeError
+from polyc.kernel import status_error
+
+MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+BMM = "def bmm(float(NB,M,K) A, float(NB,K,N) B) -> (C) { C(b,m,n) +=! A(b,m,k) * B(b,k,n) }"
+
+
+def _inputs(rng, *shapes, dtype=np.float32):
+    return [rng.standard_normal(s).astype(dtype) for s in shapes]
+
+
+def test_forced_packing_copies_b_into_panels_and_matches_numpy():
+    rng = np.random.default_rng(1)
+    A, B = _inputs(rng, (37, 67), (67, 41))
+    compiled = polyc.define(MATMUL, options=Options(promote=True)).specialize(A, B)
+    ast = compiled.stage("ast")
+    assert "P0(" in ast  # the copy statement runs before the GEMM
+    assert ast.index("P0(") < ast.index("S1(")
+    scop = compiled.stages.scop
+    local = scop.tensor("B__p0")
+    nr = local.shape[-1]
+    assert local.role == "local" and local.shape == (-(-41 // nr), 67, nr)
+    # the packed buffer is not a kernel argument
+    assert [t.name for t in compiled.tensors] == ["A", "B", "C"]
+    # the GEMM statement now reads the panel, not B
+    reads = str(next(s for s in scop.statements if s.name == "S1").reads)
+    assert "B__p0[" in reads and "B[" not in reads
+    np.testing.assert_allclose(compiled(A, B), A.astype(np.float64) @ B, rtol=1e-4, atol=1e-4)
+
+
+def test_strategy_packs_long_rows_only():
+    rng = np.random.default_rng(2)
+    small = polyc.define(MATMUL).specialize(*_inputs(rng, (64, 64), (64, 64)))
+    assert "P0(" not in small.stage("ast")  # 256-byte rows: nothing to gain
+    A, B = _inputs(rng, (256, 96), (96, 1024))  # 4 KiB rows of B
+    big = polyc.define(MATMUL).specialize(A, B)
+    assert "P0(" in big.stage("ast")
+    np.testing.assert_allclose(big(A, B), A.astype(np.float64) @ B, rtol=1e-4, atol=1e-3)
+    off = polyc.define(MATMUL, options=Options(promote=False)).specialize(A, B)
+    assert "P0(" not in off.stage("ast")
+    assert "P0(" not in polyc.define(MATMUL, options=Options.naive()).specialize(A, B).stage("ast")
+
+
+def test_batched_packing_keeps_the_batch_index_outermost():
+    rng = np.random.default_rng(3)
+    A, B = _inputs(rng, (3, 19, 23), (3, 23, 45))
+    compiled = polyc.define(BMM, options=Options(promote=True)).specialize(A, B)
+    local = compiled.stages.scop.tensor("B__p0")
+    nr = local.shape[-1]
+    assert local.shape == (3, -(-45 // nr), 23, nr)
+    np.testing.assert_allclose(compiled(A, B), np.matmul(A.astype(np.float64), B), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32])
+def test_packing_other_dtypes(dtype):
+    rng = np.random.default_rng(4)
+    src = MATMUL.replace("float", "double" if dtype == np.float64 else "int32")
+    if dtype == np.int32:
+        A, B = rng.integers(-9, 9, (29, 31)).astype(dtype), rng.integers(-9, 9, (31, 53)).astype(dtype)
+    else:
+        A, B = _inputs(rng, (29, 31), (31, 53), dtype=dtype)
+    compiled = polyc.define(src, options=Options(promote=True)).specialize(A, B)
+    assert "P0(" in compiled.stage("ast")
+    expected = A @ B
+    np.testing.assert_allclose(compiled(A, B), expected, rtol=1e-10 if dtype == np.float64 else 0)
+
+
+def test_parallel_packing_marks_the_copy_parallel_and_matches_one_thread():
+    rng = np.random.default_rng(5)
+    A, B = _inputs(rng, (131, 67), (67, 197))
+    two = polyc.define(MATMUL, options=Options(promote=True, threads=2)).specialize(A, B)
+    one = polyc.define(MATMUL, options=Options(promote=True, threads=1)).specialize(A, B)
+    ast = two.stage("ast")
+    first_loop = ast[:ast.index("P0(")]
+    assert "parallel" in first_loop  # the copy's panel loop runs on both threads
+    np.testing.assert_array_equal(two(A, B), one(A, B))
+
+
+def test_tile_size_that_splits_panels_disables_packing():
+    rng = np.random.default_rng(6)
+    A, B = _inputs(rng, (37, 67), (67, 41))
+    # the vector member's cache tile (8) is not a multiple of the panel width: packing would straddle panels
+    compiled = polyc.define(MATMUL, options=Options(promote=True, tile_sizes=(8, 8, 8))).specialize(A, B)
+    assert "P0(" not in compiled.stage("ast")
+    np.testing.assert_allclose(compiled(A, B), A.astype(np.float64) @ B, rtol=1e-4, atol=1e-4)
+
+
+def test_promote_option_round_trips_through_its_spec():
+    for value in (None, True, False):
+        o = Options(promote=value)
+        assert Options.from_spec(o.to_spec()) == o
+    assert Options.from_spec("promote=0").promote is False
+    assert Options.from_spec("promote=auto").promote is None
+
+
+def test_status_two_is_reported_as_out_of_memory():
+    err = status_error("kernel 'mm'", 2)
+    assert isinstance(err, KernelRuntimeError) and "out of memory" in str(err) and "promote=False" in str(err)
+    assert "out of range" in str(status_error("kernel 'mm'", 1))
