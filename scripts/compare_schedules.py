@@ -11,8 +11,10 @@ The variants (``--variants`` picks a subset by name, ``--variant NAME=SPEC`` add
 
 - ``source order``: the identity scheduler (the loops as written) with every transform off;
 - ``isl``: isl's schedule, transforms off (``Options.naive()``);
-- ``+ tile``, ``+ register tile``, ``+ vectorize``, ``+ parallel``: each adds one transform
-  to the previous (``+ parallel`` is the full default strategy on ``--threads`` threads);
+- ``+ tile``, ``+ register tile``, ``+ vectorize``, ``+ promote``, ``+ parallel``: each adds one transform
+  to the previous (``+ promote`` packs where the strategy finds it pays, so it changes nothing on small
+  sizes: add ``--variant packed=promote=1`` to force it; ``+ parallel`` is the full default strategy on
+  ``--threads`` threads);
 - ``fusion=max`` / ``fusion=min``: the default strategy with isl's maximal / minimal fusion;
 - ``tile AxBxC``: the default strategy with forced cache tile sizes (``--tile-sizes``).
 
@@ -63,7 +65,7 @@ def variants(threads: int | None, tile_sizes) -> list[tuple[str, Options]]:
            ("isl", naive)]
     step = naive
     for name, change in (("+ tile", dict(tile=True)), ("+ register tile", dict(register_tile=True)),
-                         ("+ vectorize", dict(vectorize=True)),
+                         ("+ vectorize", dict(vectorize=True)), ("+ promote", dict(promote=None)),
                          ("+ parallel", dict(parallel=True, threads=threads))):
         step = step.replace(**change)
         out.append((name, step))

@@ -55,13 +55,13 @@ def test_compare_schedules_prints_every_variant(compare_matmul):
     header, rows = first_table(result.stdout)
     assert header == ["variant", "options", "compile ms", "ms", "GFLOP/s", "speedup", "check"]
     names = [r["variant"] for r in rows]
-    assert names == ["source order", "isl", "+ tile", "+ register tile", "+ vectorize", "+ parallel",
+    assert names == ["source order", "isl", "+ tile", "+ register tile", "+ vectorize", "+ promote", "+ parallel",
                      "fusion=max", "fusion=min", "tile 32x32x32", "tile 64x64x128", "tile 128x256x256"]
     assert rows[0]["check"] == "reference"
     assert all(r["check"] == "ok" for r in rows[1:]), rows
     assert "scheduler=identity" in rows[0]["options"]
-    assert rows[1]["options"] == "`tile=0,register_tile=0,vectorize=0,parallel=0`"
-    assert rows[5]["options"] == "`(default)`"
+    assert rows[1]["options"] == "`tile=0,register_tile=0,vectorize=0,parallel=0,promote=0`"
+    assert rows[6]["options"] == "`(default)`"
     assert rows[-1]["options"] == "`tile_sizes=128x256x256`"
 
 
