@@ -35,3 +35,24 @@ def test_errors_are_messages_not_tracebacks(capsys):
     assert main(["show", MATMUL, "--def", "matmul", "--sizes", "M=x"]) == 1
     assert "bad size" in capsys.readouterr().err
     assert main(["show", "/nonexistent.tc", "--def", "f"]) == 1
+
+
+CONV2D = str(Path(__file__).resolve().parent.parent / "kernels" / "conv2d.tc")
+
+
+def _loops(ast: str) -> dict:
+    """The marks of the printed isl AST and whether it has tile loops (a loop stepping by more than 1)."""
+    import re
+
+    return {"tile": bool(re.search(r"for \(int c\d+ = .*; c\d+ \+= (?!1\))\d+\)", ast)),
+            "parallel": "// parallel" in ast, "vector": "// vector" in ast, "unroll": "// unroll" in ast}
+
+
+def test_show_matmul_and_conv2d_have_tile_parallel_and_vector_loops(capsys):
+    # issue 4's acceptance: the tile loops, the parallel loop and the vector loop are visible in `polyc show`
+    for file, name, sizes in ((MATMUL, "matmul", "M=256,N=256,K=256"),
+                              (CONV2D, "conv2d", "N=1,C=32,H=30,W=30,M=64,KH=3,KW=3")):
+        assert main(["show", file, "--def", name, "--sizes", sizes, "--stage", "ast",
+                     "--options", "threads=2"]) == 0
+        loops = _loops(capsys.readouterr().out)
+        assert loops == {"tile": True, "parallel": True, "vector": True, "unroll": True}, (name, loops)
