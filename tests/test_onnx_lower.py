@@ -128,3 +128,17 @@ def test_backend_module_interface():
     np.testing.assert_array_equal(rep.run([np.ones((2, 3), np.float32)])[0], np.ones((2, 3)))
     w = numpy_helper.from_array(np.ones(3, np.float32), "w")
     assert w is not None
+
+
+def test_narrow_convolutions_compute_channels_last(resnet):
+    _, _, kernels = resnet
+    narrow = [k for k in kernels if k and "512,7,7) Y0" in k.source and "+=!" in k.source]
+    assert len(narrow) >= 3
+    for k in narrow:
+        # the weights, transposed at compile time to (c, kh, kw, m), make the output channel stride-1
+        (name, table), = [(n, t) for n, t in k.constants.items() if "_wT_" in n]
+        assert table.shape[-1] == 512 and table.ndim == 4
+        assert "T0(i0, i1, i2, i3) +=! " in k.source  # T0(n, h, w, m)
+        assert "Y0(i0, i1, i2, i3) = " in k.source and "T0(i0, i2, i3, i1)" in k.source
+    wide = next(k for k in kernels if k and "float(64,64,3,3)" in k.source)
+    assert not any("_wT_" in n for n in wide.constants)  # 56 columns: NCHW as written

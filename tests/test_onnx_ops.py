@@ -74,6 +74,12 @@ CASES = [
      {"w": f32(3, 2, 4, 4)}, 1),
     ("conv_same_lower", "Conv", 11, {"auto_pad": "SAME_LOWER"}, {"x": f32(1, 2, 5, 5)}, {"w": f32(3, 2, 2, 2)}, 1),
     ("conv_valid_1d", "Conv", 11, {"auto_pad": "VALID"}, {"x": f32(2, 3, 11)}, {"w": f32(4, 3, 3)}, 1),
+    # narrow outputs with many channels compute channels-last (output channel as the vector dimension)
+    ("conv_channels_last_3x3_bias", "Conv", 11, {"pads": [1, 1, 1, 1]}, {"x": f32(1, 7, 7, 7)},
+     {"w": f32(37, 7, 3, 3), "b": f32(37)}, 1),
+    ("conv_channels_last_1x1_stride2", "Conv", 11, {"strides": [2, 2]}, {"x": f32(2, 5, 13, 11)},
+     {"w": f32(33, 5, 1, 1)}, 1),
+    ("conv_channels_last_1d", "Conv", 11, {"pads": [2, 1]}, {"x": f32(1, 3, 9)}, {"w": f32(40, 3, 4)}, 1),
     ("conv_3d", "Conv", 11, {"pads": [1, 0, 1, 1, 0, 1]}, {"x": f32(1, 2, 4, 5, 3)}, {"w": f32(2, 2, 3, 2, 3)}, 1),
     ("conv_transpose", "ConvTranspose", 11, {"strides": [2, 2], "pads": [1, 1, 1, 1]}, {"x": f32(1, 3, 4, 5)},
      {"w": f32(3, 2, 3, 3), "b": f32(2)}, 1),

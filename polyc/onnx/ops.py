@@ -259,13 +259,34 @@ def batchnorm(b: Builder, node):
 
 # ---- anchors: Conv, ConvTranspose, Gemm, MatMul ---------------------------------------------------------------
 
+#: Below this output width a convolution with at least CHANNELS_LAST_MIN_CHANNELS output channels computes
+#: channels-last (see :func:`conv`): two 8-lane (AVX2) or one 16-lane (AVX-512) vector of columns.
+CHANNELS_LAST_MAX_WIDTH = 16
+CHANNELS_LAST_MIN_CHANNELS = 32
+
+
 def conv(b: Builder, node):
-    """Conv (1-D/2-D/3-D): pads, strides, dilations, group, auto_pad; padding reads guarded by ``?:``."""
-    x, w, bias = b.input(node, 0), b.input(node, 1), b.input(node, 2)
+    """Conv (1-D/2-D/3-D): pads, strides, dilations, group, auto_pad; padding reads guarded by ``?:``.
+
+    A layout decision, as onnxruntime's NCHWc: in NCHW the only stride-1 dimension of the output is its
+    width, and a width of 7 or 14 (ResNet's last stages) fills vectors badly. When the output is narrower
+    than CHANNELS_LAST_MAX_WIDTH, the weights are a compile-time constant, ``group`` is 1 and there are at
+    least CHANNELS_LAST_MIN_CHANNELS output channels, the convolution accumulates into a channels-last
+    temporary ``T(n, spatial.., m)`` from weights transposed at compile time to ``(c, k.., m)``, so the
+    output channel is the stride-1 (vector) dimension; the NCHW result is read back from ``T`` by the
+    statement that applies the bias and whatever the group fuses after the convolution.
+    """
+    x = b.input(node, 0)
+    weights = node["inputs"][1]
     ys = b.out_shape(node)
-    nsp, kernel, strides, dil = _spatial(b, node, x, w.shape)
+    nsp, kernel, strides, dil = _spatial(b, node, x, tuple(b.tensors[weights].shape))
     pb = _pads_begin(node, x.shape[2:], ys[2:], kernel, strides, dil)
     group = _attr(node, "group", 1)
+    if (group == 1 and nsp >= 1 and ys[-1] < CHANNELS_LAST_MAX_WIDTH and ys[1] >= CHANNELS_LAST_MIN_CHANNELS
+            and weights in b.consts):
+        wt = b.constant_table(np.ascontiguousarray(np.moveaxis(np.asarray(b.consts[weights]), 0, -1)), "wT")
+        return [_conv_channels_last(b, x, wt, b.input(node, 2), ys, kernel, strides, dil, pb)]
+    w, bias = b.input(node, 1), b.input(node, 2)
     cg, og = w.shape[1], w.shape[0] // group
 
     real, names = _reduction_dims([cg] + kernel)
@@ -290,6 +311,30 @@ def conv(b: Builder, node):
     if bias is None:
         return [t]
     return [lazy(ys, x.dtype, lambda idx: f"({t.at(idx)} + {bias.at([idx[1]])})")]
+
+
+def _conv_channels_last(b: Builder, x, wt, bias, ys, kernel, strides, dil, pb):
+    """``T(n, sp.., m) += X(n, c, window..) * WT(c, k.., m)`` and the NCHW view of ``T`` (+ bias)."""
+    nsp = len(kernel)
+    cl_shape = (ys[0],) + tuple(ys[2:]) + (ys[1],)
+    real, names = _reduction_dims([x.shape[1]] + kernel)
+
+    def body(idx, red):
+        n, sp, m = idx[0], idx[1:1 + nsp], idx[-1]
+        c, *ks = names(red)
+        coords, conds = [], []
+        for i in range(nsp):
+            t, cs = _window(sp[i], ks[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
+            coords.append(t)
+            conds += cs
+        prod = f"{x.at([n, c] + coords)} * {wt.at([c] + ks + [m])}"
+        return f"({_guard(conds)}) ? {prod} : {_zero(x.dtype)}" if conds else prod
+    t = b.emit(cl_shape, x.dtype, body, _reduce_op_for(real), real)
+
+    def nchw(idx):
+        value = t.at([idx[0]] + list(idx[2:]) + [idx[1]])
+        return f"({value} + {bias.at([idx[1]])})" if bias is not None else value
+    return lazy(ys, x.dtype, nchw)
 
 
 def conv_transpose(b: Builder, node):
