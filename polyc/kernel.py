@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -324,11 +325,7 @@ class Kernel:
 
     def specialize_sizes(self, sizes: dict, options: Options | None = None) -> Compiled:
         """The kernel compiled for the given sizes (size name → extent, every size of the def)."""
-        missing = [n for n in self.checked.sizes if n not in sizes]
-        if missing:
-            raise ShapeError(f"{self.name}: no value for size {', '.join(missing)}",
-                             hint="give every size, e.g. " + ",".join(f"{n}=64" for n in self.checked.sizes))
-        sizes = {n: int(sizes[n]) for n in self.checked.sizes}
+        sizes = self._every_size(sizes)
         options = options or self.options
         key = (tuple(sorted(sizes.items())), options)
         compiled = self._compiled.get(key)
@@ -360,15 +357,38 @@ class Kernel:
         self._compiled[key] = compiled
         return compiled
 
+    def _every_size(self, sizes: dict) -> dict:
+        """``sizes`` as ints, one per size of the def in declaration order; ShapeError naming the missing."""
+        missing = [n for n in self.checked.sizes if n not in sizes]
+        if missing:
+            raise ShapeError(f"{self.name}: no value for size {', '.join(missing)}",
+                             hint="give every size, e.g. " + ",".join(f"{n}=64" for n in self.checked.sizes))
+        return {n: int(sizes[n]) for n in self.checked.sizes}
+
     def signature(self, sizes: dict) -> tuple[TensorSpec, ...]:
         """The kernel's tensors for these sizes (inputs, outputs, temporaries; shapes from range inference)
-        without compiling: parse, checks and the Scop only. Raises like :meth:`specialize_sizes`."""
+        without compiling: parse, checks and the Scop only, or the disk cache (keyed like a kernel, without
+        the options, which do not change the signature). Raises like :meth:`specialize_sizes`."""
+        sizes = self._every_size(sizes)
         key = tuple(sorted(sizes.items()))
         found = self._signatures.get(key)
+        if found is not None:
+            return found
+        disk_key = cache.make_key(__version__, "signature", self.source, self.name, key, _versions())
+        entry = cache.load(disk_key)
+        if entry is not None:
+            try:
+                found = tuple(TensorSpec(name, dtype, tuple(shape), role)
+                              for name, dtype, shape, role in entry["tensors"])
+            except Exception as exc:  # a stale or foreign entry: rebuild it
+                debug.log(f"cache: signature of {self.name} unusable ({exc}); rebuilding")
+                cache.remove(disk_key)
         if found is None:
-            scop = build_scop(self.checked, {n: int(sizes[n]) for n in self.checked.sizes})
-            found = tuple(TensorSpec(t.name, t.dtype, tuple(t.shape), t.role) for t in scop.tensors)
-            self._signatures[key] = found
+            scop = build_scop(self.checked, sizes)
+            found = tuple(TensorSpec(t.name, t.dtype, tuple(t.shape), t.role) for t in scop.tensors
+                          if t.role != "local")
+            cache.store(disk_key, {"tensors": [(t.name, t.dtype, t.shape, t.role) for t in found]})
+        self._signatures[key] = found
         return found
 
     def __call__(self, *args, out=None, options: Options | None = None):
@@ -377,8 +397,10 @@ class Kernel:
         return compiled(*arrays, out=out)
 
 
+@functools.cache
 def _versions():
-    """Versions of the libraries whose output the disk cache holds (package metadata, no imports)."""
+    """Versions of the libraries whose output the disk cache holds (package metadata, no imports; read once
+    per process: a lookup costs milliseconds, and every kernel's cache key needs it)."""
     from importlib.metadata import PackageNotFoundError, version
 
     found = []
@@ -460,12 +482,16 @@ class NativeProgram:
             raise status_error(f"program '{self.name}'", status)
 
 
-def link_program(name: str, kernels, calls, n_slots: int, options: Options | None = None) -> NativeProgram:
+def link_program(name: str, kernels, calls, n_slots: int, options: Options | None = None,
+                 on_kernel=None) -> NativeProgram:
     """Compile ``kernels`` (``[(Kernel, sizes), ...]``) into one module whose entry ``@name(ptr buffers)``
     makes ``calls`` (:class:`KernelCall`) in order — a whole model as one native call.
 
-    The object code is cached on disk under a key over every kernel's source, def, sizes, the options, the
-    calls and the target; a hit skips the compiler entirely. Raises what the pipeline raises.
+    Each kernel is lowered once, straight into the shared module (no kernel is JIT-compiled on its own), in
+    the order given; ``on_kernel(index, seconds)``, when given, is called after kernel ``index`` is lowered
+    and emitted (so on an error, the kernels reported so far are the ones that succeeded). The object code
+    is cached on disk under a key over every kernel's source, def, sizes, the options, the calls and the
+    target; a hit skips the compiler entirely and reports no kernel. Raises what the pipeline raises.
     """
     options = options or Options()
     target = host_target()
@@ -481,13 +507,18 @@ def link_program(name: str, kernels, calls, n_slots: int, options: Options | Non
         except Exception as exc:  # a stale or foreign entry: rebuild it
             debug.log(f"cache: program {name} unusable ({exc}); rebuilding")
             cache.remove(key)
-    t = time.perf_counter()
+    started = time.perf_counter()
     module = new_module(target)
-    for symbol, (k, sizes) in zip(symbols, kernels):
+    for index, (symbol, (k, sizes)) in enumerate(zip(symbols, kernels)):
+        t = time.perf_counter()
         scop, _deps, _schedule, _transformed, ast = lower_stages(k.checked, sizes, options, target)
         emit_kernel(module, dataclasses.replace(scop, name=symbol), ast, target, options)
+        if on_kernel is not None:
+            on_kernel(index, time.perf_counter() - t)
     emit_entry(module, name, [(symbols[c.kernel], list(c.args)) for c in calls])
+    t = time.perf_counter()
     jit = compile_module(str(module), target, options.opt_level)
+    debug.log_stage("link", "", t)
     cache.store(key, {"object": jit.object_code})
-    debug.log(f"program {name}: {len(kernels)} kernels linked in {(time.perf_counter() - t):.2f} s")
+    debug.log(f"program {name}: {len(kernels)} kernels linked in {(time.perf_counter() - started):.2f} s")
     return NativeProgram(name, jit, symbols, n_slots, False)

@@ -32,3 +32,73 @@ def test_native_matches_the_python_executor_and_onnxruntime_and_reloads_from_cac
     again = NativeExecutor(program)
     assert again.native.from_cache and not native.native.from_cache
     np.testing.assert_array_equal(again.run(feeds)[0], got[0])
+
+
+def tiny_model(seed: int = 0):
+    """Conv+Relu twice with the same shapes (one def, two calls), Flatten, Gemm: three calls, two defs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+
+    def init(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Flatten", ["r2"], ["f"]),
+             helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+                              [init("w1", 4, 4, 3, 3), init("b1", 4), init("w2", 4, 4, 3, 3), init("b2", 4),
+                               init("wf", 10, 144), init("bf", 10)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what onnxruntime reads
+    return model
+
+
+def stage_counts(stderr: str) -> dict:
+    """How many times each stage ran, from the ``[polyc] <stage>: <ms> ms`` lines of POLYC_TIME_STAGES=1."""
+    import collections
+    import re
+
+    return collections.Counter(re.findall(r"^\[polyc\] (\w+): [0-9.]+ ms$", stderr, re.MULTILINE))
+
+
+def test_native_compile_lowers_each_kernel_once_and_jits_per_kernel_only_for_the_python_executor(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))  # cold
+    monkeypatch.setenv("POLYC_TIME_STAGES", "1")  # each pipeline stage prints one line when it runs
+    model = tiny_model()
+    capsys.readouterr()
+    compiled = ponnx.compile(model)
+    cold = stage_counts(capsys.readouterr().err)
+    assert isinstance(compiled.executor, NativeExecutor)
+    distinct = len({s.kernel.source for s in compiled.steps})
+    assert (len(compiled.steps), distinct) == (3, 2)  # the two convolutions share one def
+    assert cold["ast"] == distinct  # each distinct kernel lowered once, straight into the model's module
+    assert cold["jit"] == 0 and cold["link"] == 1  # no kernel JIT-compiled on its own; one LLVM compile
+
+    x = np.random.default_rng(1).standard_normal((1, 4, 6, 6)).astype(np.float32)
+    got = compiled.run({"x": x})
+    expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-4, atol=1e-5)
+
+    warm = ponnx.compile(model)  # from the disk cache: nothing lowered, nothing compiled
+    assert not any(stage_counts(capsys.readouterr().err).values())
+    assert warm.executor.native.from_cache
+    np.testing.assert_array_equal(warm.run({"x": x})[0], got[0])
+
+    # per-kernel code is made only when the Python-driven executor needs it: once per distinct kernel
+    assert len(compiled.profile({"x": x})) == 3
+    assert stage_counts(capsys.readouterr().err)["jit"] == distinct
+    python_side = ponnx.executor.PythonExecutor(compiled.executor.program)
+    np.testing.assert_array_equal(python_side.run(compiled.check_feeds({"x": x}))[0], got[0])
+    assert stage_counts(capsys.readouterr().err)["jit"] == 0  # already compiled, kept by the kernels
+
+    monkeypatch.setenv("POLYC_EXECUTOR", "python")
+    debug_model = ponnx.compile(model)
+    assert isinstance(debug_model.executor, ponnx.executor.PythonExecutor)
+    assert stage_counts(capsys.readouterr().err)["link"] == 0  # the Python executor links nothing
+    np.testing.assert_array_equal(debug_model.run({"x": x})[0], got[0])

@@ -6,9 +6,9 @@
     check_supported(graph)                      # every unsupported node listed at once
     groups = fusion_groups(graph)               # which nodes become one kernel
     kernels = lower_groups(graph, groups)       # one TC def per kernel group
-    plan = plan_memory(graph, groups)           # one arena by liveness
-    steps = compile_kernels(kernels, options)   # polyc.define(...).specialize(...), identical defs once
-    executor = make_executor(Program(...))
+    steps = compile_kernels(kernels, options)   # polyc.define(...) + signature: shapes, no native code yet
+    plan = plan_memory(graph, groups, scratch)  # one arena by liveness (the kernels' temporaries included)
+    executor = make_executor(Program(...))      # native: every kernel lowered once into one module
 """
 from __future__ import annotations
 
@@ -30,9 +30,13 @@ from .passes import simplify
 
 
 def compile_kernels(kernels: list, options=None, progress: bool = False) -> tuple:
-    """Compile each lowered kernel through ``polyc.define``; identical (text, shapes) compile once.
+    """Define each lowered kernel (``polyc.define``) and bind it to its shapes; identical defs are defined
+    once. No native code is made here: each step carries its kernel's signature (argument shapes, from the
+    Scop or the disk cache), the executor compiles (:func:`~polyc.onnx.executor.make_executor`), and
+    ``step.compiled`` JIT-compiles one kernel on its own when something needs it.
 
-    Returns ``(steps, timings)`` where timings maps a def's text to its compile seconds.
+    Returns ``(steps, timings)`` where timings maps a def's text to the seconds spent on it here. Raises
+    CompileError naming the kernel and its group.
     """
     distinct = {}
     for k in kernels:
@@ -41,18 +45,19 @@ def compile_kernels(kernels: list, options=None, progress: bool = False) -> tupl
     items = list(distinct.values())
     if progress:
         from tqdm import tqdm
-        items = tqdm(items, desc="compiling kernels", unit="kernel", leave=False)
-    compiled, timings = {}, {}
+        items = tqdm(items, desc="binding kernels", unit="kernel", leave=False)
+    bound, timings = {}, {}
     for k in items:
         t = time.perf_counter()
         try:
             kern = _kernel.define(k.source, options=options)
-            compiled[k.source] = kern.specialize(*[k.tc_shapes[name] for name in k.inputs])
+            sizes = kern.bind_sizes([k.tc_shapes[name] for name in k.inputs])
+            bound[k.source] = (kern, tuple(sorted(sizes.items())), kern.signature(sizes))
         except PolycError as exc:
             raise CompileError(f"compiling kernel {k.name} of group {k.group} failed: {exc.message}",
                                hint=f"the kernel's source:\n{k.source}") from exc
         timings[k.source] = time.perf_counter() - t
-    steps = tuple(Step(k.group, k.name, compiled[k.source], k.inputs, k.outputs) for k in kernels if k is not None)
+    steps = tuple(Step(k.group, k.name, *bound[k.source], k.inputs, k.outputs) for k in kernels if k is not None)
     return steps, timings
 
 
@@ -109,11 +114,16 @@ class CompiledModel:
         return self.executor.run(self.check_feeds(feeds))
 
     def profile(self, feeds: Mapping[str, np.ndarray], repeat: int = 1) -> list:
-        """``(seconds, group, kernel name)`` per kernel group, slowest first, averaged over ``repeat`` runs."""
+        """``(seconds, group, kernel name)`` per kernel group, slowest first, averaged over ``repeat`` runs.
+
+        Per-kernel times need the Python-driven executor: unless the model already runs on one, the first
+        call builds one, which JIT-compiles each kernel on its own (from the disk cache when it can).
+        """
         times: dict = {}
         checked = self.check_feeds(feeds)
-        if self._profiler is None:  # per-kernel times need the Python-driven executor
-            self._profiler = PythonExecutor(self.executor.program)
+        if self._profiler is None:
+            self._profiler = self.executor if isinstance(self.executor, PythonExecutor) \
+                else PythonExecutor(self.executor.program)
         for _ in range(repeat):
             self._profiler.run(checked, profile=times)
         names = {s.group: s.name for s in self.steps}
@@ -179,7 +189,7 @@ def compile(model_or_path: ModelLike, options=None, input_shapes: Mapping[str, S
     steps, timings = compile_kernels(kernels, options, progress)
     seconds["kernels"] = time.perf_counter() - t
     scratch = {s.group: {scratch_name(s.group, k): TensorInfo(tuple(spec.shape), np.dtype(spec.dtype))
-                         for k, spec in enumerate(s.compiled.temps)} for s in steps}
+                         for k, spec in enumerate(s.temps)} for s in steps}
     plan = plan_memory(graph, groups, scratch)
     constants = dict(graph.graph["constants"])
     for k in kernels:
@@ -189,4 +199,9 @@ def compile(model_or_path: ModelLike, options=None, input_shapes: Mapping[str, S
     for infos in scratch.values():
         tensors.update(infos)
     program = Program(steps, plan, constants, tensors, tuple(graph.graph["inputs"]), tuple(graph.graph["outputs"]))
-    return CompiledModel(graph, groups, kernels, plan, steps, timings, make_executor(program), seconds)
+    t = time.perf_counter()
+    executor = make_executor(program, progress=progress)
+    seconds["executor"] = time.perf_counter() - t
+    for source, spent in executor.compile_seconds.items():
+        timings[source] = timings.get(source, 0.0) + spent
+    return CompiledModel(graph, groups, kernels, plan, steps, timings, executor, seconds)

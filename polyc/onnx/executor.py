@@ -1,11 +1,11 @@
 """Running a compiled model: the kernels in group order over one arena.
 
-:class:`Program` is what the compiler hands to an executor: the steps (one compiled kernel per kernel group,
-with the ONNX names of its arguments), the memory plan, the constants and the graph's inputs and outputs.
-:class:`PythonExecutor` calls each kernel's native entry from Python on pointers into the arena. A native
-executor (all kernels in one module with a generated entry point) only has to implement the same
-``run(feeds) -> list[np.ndarray]`` on the same :class:`Program`; :func:`make_executor` is the one place that
-picks the implementation.
+:class:`Program` is what the compiler hands to an executor: the steps (one kernel per kernel group, specialised
+on its shapes, with the ONNX names of its arguments), the memory plan, the constants and the graph's inputs
+and outputs. A step carries its kernel's signature but no native code: the native executor
+(:mod:`polyc.onnx.native`) lowers every kernel into one module, and only :class:`PythonExecutor` JIT-compiles
+each kernel on its own (:attr:`Step.compiled`, on first use). Both implement ``run(feeds) -> list[np.ndarray]``
+on the same :class:`Program`; :func:`make_executor` is the one place that picks the implementation.
 """
 from __future__ import annotations
 
@@ -15,20 +15,40 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import PolycError
+from ..errors import CompileError, PolycError
 from .memory import MemoryPlan
 
 
 @dataclass(frozen=True)
 class Step:
-    """One kernel call: ``compiled`` (a ``polyc.kernel.Compiled``) on ``inputs`` writing ``outputs``
-    (ONNX tensor names, in the def's parameter and return order)."""
+    """One kernel call: ``kernel`` (a :class:`polyc.Kernel`) specialised on ``sizes`` (sorted ``(size,
+    extent)`` pairs) on ``inputs`` writing ``outputs`` (ONNX tensor names, in the def's parameter and return
+    order). ``tensors`` is the kernel's signature (:meth:`polyc.Kernel.signature`: inputs, outputs,
+    temporaries, in native argument order)."""
 
     group: str
     name: str
-    compiled: object
+    kernel: object
+    sizes: tuple
+    tensors: tuple
     inputs: tuple
     outputs: tuple
+
+    @property
+    def temps(self) -> tuple:
+        """The kernel's temporaries (TensorSpecs), which the memory plan places in the arena."""
+        return tuple(t for t in self.tensors if t.role == "temp")
+
+    @property
+    def compiled(self):
+        """The kernel JIT-compiled on its own (a ``polyc.kernel.Compiled``), built on first use and kept by
+        the kernel (and the disk cache). Only the Python-driven executor needs it; raises CompileError naming
+        the kernel and its group."""
+        try:
+            return self.kernel.specialize_sizes(dict(self.sizes))
+        except PolycError as exc:
+            raise CompileError(f"compiling kernel {self.name} of group {self.group} failed: {exc.message}",
+                               hint=f"the kernel's source:\n{self.kernel.source}") from exc
 
 
 @dataclass(frozen=True)
@@ -56,16 +76,29 @@ class PythonExecutor:
     Not reentrant: one ``run`` at a time per executor (the arena and the kernels' temporaries are shared).
     """
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, progress: bool = False):
+        """JIT-compile each distinct kernel of ``program`` (see :attr:`Step.compiled`; a tqdm bar with
+        ``progress``) and lay out the arena. ``compile_seconds`` maps a def's source to its JIT seconds."""
         self.program = program
         self.arena = np.zeros(max(program.plan.arena_bytes, 64), dtype=np.uint8)
         self.views = {}
         plan = program.plan
         for name, offset in plan.offsets.items():
             self.views[name] = self._view(name, offset)
-        self.temps = {step.group: [self.views[scratch_name(step.group, k)] for k in range(len(step.compiled.temps))]
+        self.temps = {step.group: [self.views[scratch_name(step.group, k)] for k in range(len(step.temps))]
                       for step in program.steps}
         self.constants = {k: np.ascontiguousarray(v) for k, v in program.constants.items()}
+        self.compile_seconds = {}
+        steps = program.steps
+        if progress:
+            from tqdm import tqdm
+            steps = tqdm(steps, desc="compiling kernels", unit="kernel", leave=False)
+        self.compiled = {}
+        for step in steps:
+            t = time.perf_counter()
+            self.compiled[step.group] = step.compiled
+            source = step.kernel.source
+            self.compile_seconds[source] = self.compile_seconds.get(source, 0.0) + time.perf_counter() - t
 
     def _view(self, name: str, offset: int) -> np.ndarray:
         info = self.program.tensors[name]
@@ -96,11 +129,12 @@ class PythonExecutor:
             outs = [self._array(t, feeds) for t in step.outputs]
             pointers = [a.ctypes.data for a in args] + [o.ctypes.data for o in outs] + \
                 [t.ctypes.data for t in self.temps[step.group]]
+            compiled = self.compiled[step.group]
             if profile is None:
-                step.compiled.run_pointers(pointers)
+                compiled.run_pointers(pointers)
             else:
                 t = time.perf_counter()
-                step.compiled.run_pointers(pointers)
+                compiled.run_pointers(pointers)
                 profile[step.group] = profile.get(step.group, 0.0) + time.perf_counter() - t
         results = []
         for name in self.program.outputs:
@@ -109,14 +143,15 @@ class PythonExecutor:
         return results
 
 
-def make_executor(program: Program, native: bool | None = None):
-    """The executor for ``program``: the native one (every kernel in one module, one native call per run;
-    :mod:`polyc.onnx.native`), or the Python-driven one with ``native=False`` or ``POLYC_EXECUTOR=python``
-    (for debugging: it can time each kernel)."""
+def make_executor(program: Program, native: bool | None = None, progress: bool = False):
+    """The executor for ``program``: the native one (every kernel lowered once into one module, one native
+    call per run; :mod:`polyc.onnx.native`), or the Python-driven one with ``native=False`` or
+    ``POLYC_EXECUTOR=python`` (for debugging: it JIT-compiles each kernel on its own and can time each).
+    ``progress`` shows a tqdm bar while kernels compile."""
     if native is None:
         native = os.environ.get("POLYC_EXECUTOR", "native") != "python"
     if native and program.steps:
         from .native import NativeExecutor
 
-        return NativeExecutor(program)
-    return PythonExecutor(program)
+        return NativeExecutor(program, progress=progress)
+    return PythonExecutor(program, progress=progress)
