@@ -25,6 +25,9 @@ class Options:
     - ``scheduler``: ``"isl"`` (isl's scheduler, the default) or ``"identity"`` (source order, for comparison).
     - ``fusion``: ``"max"``, ``"smart"`` or ``"min"`` — isl's ``schedule_serialize_sccs`` / ``whole_component``
       choices, as TC's FusionStrategy.
+    - ``rar``: add read-after-read input reuse between independent statements to isl's proximity constraints
+      (Pluto's ``--rar``; :func:`polyc.poly.schedule.read_after_read`), so statements streaming the same input
+      may be fused. Off by default: it has not paid on the kernels measured (see :mod:`polyc.poly.schedule`).
     - ``tile``: cache-tile permutable bands; ``tile_sizes``: one size per band member (``None``: from the target's
       caches and the footprint).
     - ``register_tile``: unroll-and-jam two output dimensions; ``register_tile_sizes`` (rows, columns).
@@ -40,6 +43,7 @@ class Options:
 
     scheduler: str = "isl"
     fusion: str = "smart"
+    rar: bool = False
     tile: bool = True
     tile_sizes: tuple[int, ...] | None = None
     register_tile: bool = True
