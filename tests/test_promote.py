@@ -53,13 +53,13 @@ def test_strategy_packs_long_rows_only():
     assert "P0(" not in polyc.define(MATMUL, options=Options.naive()).specialize(A, B).stage("ast")
 
 
-def test_batched_packing_keeps_the_batch_index_outermost():
+def test_batched_packing_puts_the_panel_index_first():
     rng = np.random.default_rng(3)
     A, B = _inputs(rng, (3, 19, 23), (3, 23, 45))
     compiled = polyc.define(BMM, options=Options(promote=True)).specialize(A, B)
     local = compiled.stages.scop.tensor("B__p0")
     nr = local.shape[-1]
-    assert local.shape == (3, -(-45 // nr), 23, nr)
+    assert local.shape == (-(-45 // nr), 3, 23, nr)
     np.testing.assert_allclose(compiled(A, B), np.matmul(A.astype(np.float64), B), rtol=1e-4, atol=1e-4)
 
 

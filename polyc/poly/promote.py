@@ -6,7 +6,7 @@ carries it out on the Scop and the schedule tree, as PPCG and AKG do promotion, 
 - a local tensor ``B__p0`` (role ``"local"``: codegen allocates it, it is not a kernel argument) and a copy
   statement ``P0`` that fills it: for GEMM's ``B(k, n)`` with panels of ``NR = 32`` columns,
   ``{ P0[nb, k, nl] : 0 <= k < K and 0 <= nl < 32 and 32 nb + nl < N }`` writes ``B__p0[nb, k, nl]`` and
-  reads ``B[k, 32 nb + nl]``;
+  reads ``B[k, 32 nb + nl]`` (a convolution's filter ``W(c, kh, kw, m)`` becomes ``W__p0[mb, c, kh, kw, ml]``);
 - the packed read rewritten: ``B(k, n)`` becomes ``B__p0(n / 32, k, n % 32)`` in the statement's expression
   and its access relation (``{ S1[m, n, k] -> B__p0[floor(n/32), k, n mod 32] }``);
 - the schedule: ``sequence(P0's band [nb, k, nl], the transformed tree)`` (``isl_schedule_sequence``), the
@@ -55,16 +55,15 @@ def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], t
 def _copy_statement(scop: Scop, packing: Packing, source: Tensor, name: str, stmt_name: str):
     """The local tensor and the copy statement of ``packing`` (see the module docstring)."""
     nr = packing.block
-    *outer, inner = source.shape[:-1]
     n = source.shape[-1]
-    shape = tuple(outer) + (-(-n // nr), inner, nr)
+    shape = (-(-n // nr),) + tuple(source.shape[:-1]) + (nr,)
     local = Tensor(name, source.dtype, shape, "local")
-    indices = tuple(f"p{d}" for d in range(len(shape)))  # [a_1 .. a_{p-2}, vb, a_{p-1}, vl]
-    *lead, vb, row, vl = indices
+    indices = tuple(f"p{d}" for d in range(len(shape)))  # [vb, a_1 .. a_{p-1}, vl]
+    vb, *lead, vl = indices
     dims = ", ".join(indices)
     bounds = [f"0 <= {i} < {e}" for i, e in zip(indices, shape)] + [f"{nr}*{vb} + {vl} < {n}"]
     domain = isl.Set(f"{{ {stmt_name}[{dims}] : {' and '.join(bounds)} }}")
-    source_args = ", ".join(lead + [row, f"{nr}*{vb} + {vl}"])
+    source_args = ", ".join(lead + [f"{nr}*{vb} + {vl}"])
     write = isl.Map(f"{{ {stmt_name}[{dims}] -> {isl_name(name)}[{dims}] }}").intersect_domain(domain)
     reads = isl.UnionMap(f"{{ {stmt_name}[{dims}] -> {isl_name(source.name)}[{source_args}] }}")
     reads = reads.intersect_domain(isl.UnionSet.from_set(domain))
@@ -72,9 +71,8 @@ def _copy_statement(scop: Scop, packing: Packing, source: Tensor, name: str, stm
     def ident(i):
         return L.Ident(i, None, "int32", "index")
 
-    args = [ident(i) for i in lead] + [ident(row), L.Binary("+", L.Binary("*", L.Const(nr, None, "int32"),
-                                                                          ident(vb), None, "int32"),
-                                                          ident(vl), None, "int32")]
+    args = [ident(i) for i in lead] + [L.Binary("+", L.Binary("*", L.Const(nr, None, "int32"), ident(vb), None,
+                                                              "int32"), ident(vl), None, "int32")]
     rhs = L.Access(source.name, tuple(args), None, source.dtype)
     copy = PolyStatement(stmt_name, indices, domain, name, indices, "=", rhs, write, reads, None, frozenset([rhs]))
     return local, copy
@@ -85,8 +83,8 @@ def _rewrite(stmt: PolyStatement, packing: Packing, local: Tensor, sizes: dict) 
     nr = packing.block
     args = packing.read.args
     v = args[-1]
-    new_args = tuple(args[:-2]) + (L.Binary("/", v, L.Const(nr, None, "int32"), None, "int32"), args[-2],
-                                   L.Binary("%", v, L.Const(nr, None, "int32"), None, "int32"))
+    new_args = ((L.Binary("/", v, L.Const(nr, None, "int32"), None, "int32"),) + tuple(args[:-1])
+                + (L.Binary("%", v, L.Const(nr, None, "int32"), None, "int32"),))
     new_read = L.Access(local.name, new_args, packing.read.span, packing.read.dtype)
     rhs = _replace(stmt.rhs, packing.read, new_read)
     index_set = set(stmt.indices)

@@ -204,9 +204,15 @@ def register_tile_sizes(options: Options, vector_lanes: int, vector_bits: int = 
     return (8 if vector_bits >= 512 else 6), 2 * vector_lanes
 
 
-def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target, mr: int, nr: int):
-    """Tile sizes for the reordered band: the option, else ``u`` 96 rows (a multiple of MR), ``v`` 256
-    columns (a multiple of NR), reductions 256 deep, other coincident members 8, none above its extent."""
+def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target, mr: int, nr: int,
+                     itemsize: int = 4, depth: int = 1):
+    """Tile sizes for the reordered band: the option, else ``u`` 16 x MR rows, ``v`` 256 columns (a multiple
+    of NR), reductions 256 deep, other coincident members 8, none above its extent. Then the footprint of the
+    operand that every register-tile row reuses (``v`` x the reduction tiles, GEMM's ``B`` block or a
+    convolution's filter block) is fitted into half the target's L2 cache, first by narrowing ``v`` (down
+    to NR), then by halving the deepest reduction tile: that block then stays in L2 while the point loops
+    sweep the other members (GotoBLAS's ``kc x nc`` block). ``depth`` is the product of the extents of the
+    reduction loops outside the band (a reduction band isl nested below it: they are not tiled)."""
     if options.tile_sizes:
         sizes = [options.tile_sizes[j % len(options.tile_sizes)] for j in range(len(order))]
     else:
@@ -225,6 +231,23 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
     for size, k in zip(sizes, order):
         step = multiple.get(k, 1)
         clipped.append(max(1, min(size, -(-extents[k] // step) * step)))
+    if options.tile_sizes or u is None or v is None:
+        return clipped
+    budget = getattr(target, "l2_bytes", 1 << 20) // 2
+    pos_v = order.index(v)
+    reductions = [j for j, k in enumerate(order) if not coincident[k]]
+
+    def footprint():
+        total = clipped[pos_v] * itemsize * depth
+        for j in reductions:
+            total *= clipped[j]
+        return total
+
+    while footprint() > budget and clipped[pos_v] > nr:
+        clipped[pos_v] = max(nr, clipped[pos_v] // 2 // nr * nr)
+    while footprint() > budget and reductions and max(clipped[j] for j in reductions) > 8:
+        deepest = max(reductions, key=lambda j: clipped[j])
+        clipped[deepest] //= 2
     return clipped
 
 
@@ -245,17 +268,27 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, 
     order = P + [k for k in (u, v) if k is not None] + R
     extents = band_extents(node)
     mr, nr = register_tile_sizes(options, lanes(scop, target), getattr(target, "vector_bits", 256))
+    itemsize = _itemsize(scop.tensor(stmt.tensor).dtype)
+    in_band = {member_index(node, k, stmt) for k in range(n)}
+    depth = 1
+    for index in stmt.indices:  # reductions of the main statement in a band nested below this one
+        if index not in stmt.lhs and index not in in_band:
+            lo, hi = scop.ranges.get((stmt.name, index), (0, 1))
+            depth *= max(1, hi - lo)
+    tiles = cache_tile_sizes(order, u, v, coincident, extents, options, target, mr, nr, itemsize, depth)
+    rows = 1  # the rows (points of the coincident members but v) that read each panel of the vector operand
+    for k in P + ([u] if u is not None else []):
+        rows *= extents[k]
     packing = None
-    if u is not None and v is not None and R and options.promote is not False:
-        tile_v = None
-        if options.tile:
-            tile_v = cache_tile_sizes(order, u, v, coincident, extents, options, target, mr, nr)[order.index(v)]
+    if u is not None and v is not None and any(i not in stmt.lhs for i in stmt.indices) \
+            and options.promote is not False:
         packing = choose_packing(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt), nr,
-                                 tile_v, extents[u] // mr, force=options.promote is True)
+                                 tiles[order.index(v)] if options.tile else None, -(-rows // mr),
+                                 force=options.promote is True)
     node = band_permute(node, order)
     band_path = path_of(node)
     if options.tile:
-        node = band_tile(node, cache_tile_sizes(order, u, v, coincident, extents, options, target, mr, nr))
+        node = band_tile(node, tiles)
         node = node.child(0)
     if v is not None:
         node = _point_loops(node, len(P), u is not None, len(R), mr, nr)
@@ -267,8 +300,8 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, 
 
 # ---- step 6: packing (promotion) ----------------------------------------------------------------------
 
-#: Pack a read when walking its rows along the reduction jumps at least this many bytes (a page: each step of
-#: the micro-kernel's reduction loop would touch a new page and, for power-of-two rows, the same cache sets).
+#: Pack a read when a step of one of its reduction indices jumps at least this many bytes in it (a page: each
+#: step of the micro-kernel's loop would touch a new page and, for power-of-two rows, the same cache sets).
 PACK_MIN_ROW_BYTES = 4096
 
 #: ... and when each packed panel is reused by at least this many register-tile rows.
@@ -280,10 +313,10 @@ class Packing:
     """Step 6's decision: copy read ``read`` of statement ``statement`` into a panel-major buffer.
 
     The read is ``T(a_1, ..., a_{p-1}, v)`` with plain indices, ``v`` the register tile's vector index
-    (``index``) and ``a_{p-1}`` a reduction index. The buffer is ``T__p(a_1, ..., a_{p-2}, v / block,
-    a_{p-1}, v % block)``: the micro-kernel's reduction loop then reads ``block`` consecutive elements per step,
-    one panel after another (GotoBLAS's packed B panel). ``block`` is the register tile's width NR, and the
-    vector loop's lanes never leave one block: its tiles start at multiples of NR.
+    (``index``). The buffer is ``T__p(v / block, a_1, ..., a_{p-1}, v % block)``: each panel of ``block``
+    columns is contiguous, so the micro-kernel's reduction loops read ``block`` consecutive elements per step
+    (GotoBLAS's packed B panel; a convolution's filter block). ``block`` is the register tile's width NR, and
+    the vector loop's lanes never leave one block: its tiles start at multiples of NR.
     """
 
     statement: str
@@ -295,11 +328,11 @@ class Packing:
 def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index: str | None, nr: int,
                    tile_v: int | None, reuse: int, force: bool = False) -> Packing | None:
     """The read of ``stmt`` worth packing for a register tile over ``(u_index, v_index)`` of width ``nr``,
-    or None. ``tile_v`` is the cache tile size of the vector member (None: not tiled); ``reuse`` how many
-    register-tile rows read each panel. Chosen: an input tensor read with distinct plain indices, stride 1 in
-    ``v_index`` and invariant in ``u_index`` (every row of the register tile reads it), whose
-    next-to-last index is a reduction index with a row of at least PACK_MIN_ROW_BYTES. ``force`` drops the
-    two thresholds (row bytes, reuse), not the conditions that make the packed layout correct."""
+    or None. ``tile_v`` is the cache tile size of the vector member (None: not tiled), ``reuse`` how many
+    register-tile rows read each panel. Chosen: an input tensor read with distinct plain indices, last
+    ``v_index``, none ``u_index`` (every row of the register tile reads it), some reduction index, and in
+    which a step of some reduction index jumps at least PACK_MIN_ROW_BYTES. ``force`` drops the two
+    thresholds (jump, reuse), not the conditions that make the layout correct."""
     if u_index is None or v_index is None or (tile_v is not None and tile_v % nr):
         return None
     if reuse < PACK_MIN_REUSE and not force:
@@ -311,9 +344,11 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
         tensor = scop.tensor(read.tensor)
         names = [a.name if isinstance(a, L.Ident) and a.kind == "index" else None for a in read.args]
         if (tensor.name in written or len(names) < 2 or None in names or len(set(names)) != len(names)
-                or names[-1] != v_index or u_index in names or names[-2] in stmt.lhs):
+                or names[-1] != v_index or u_index in names or all(n in stmt.lhs for n in names)):
             continue
-        if tensor.shape[-1] * _itemsize(tensor.dtype) < PACK_MIN_ROW_BYTES and not force:
+        jump = max(element_stride(read.args, tensor.shape, i, stmt.indices, scop.sizes) or 0
+                   for i in names if i not in stmt.lhs)
+        if not force and jump * _itemsize(tensor.dtype) < PACK_MIN_ROW_BYTES:
             continue
         return Packing(stmt.name, read, v_index, nr)
     return None
