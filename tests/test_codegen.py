@@ -235,7 +235,7 @@ def test_parallel_matmul(threads, m):
     schedule = matmul_schedule(scop, outer_mark="parallel")
     arrays = matmul_arrays(m=m)
     text, jit = compile_scop(scop, schedule, Options(threads=threads))
-    assert "pthread_create" in text and "pthread_join" in text
+    assert "polyc_parallel_run" in text
     arrays["C"] = np.full((m, N), np.nan, dtype="float32")
     assert call_kernel(jit, scop, arrays) == 0
     check_matmul(arrays)
@@ -254,7 +254,7 @@ def test_parallel_tiled_matmul_two_threads_equals_sequential():
 def test_parallel_with_one_thread_is_sequential():
     scop = matmul_scop()
     text, jit = compile_scop(scop, matmul_schedule(scop, outer_mark="parallel"), Options(threads=1))
-    assert "pthread_create" not in text
+    assert "polyc_parallel_run" not in text
     arrays = matmul_arrays()
     arrays["C"] = np.zeros((M, N), "float32")
     assert call_kernel(jit, scop, arrays) == 0
@@ -264,7 +264,7 @@ def test_parallel_with_one_thread_is_sequential():
 def test_vector_loops_inside_parallel_chunks():
     scop = matmul_scop(m=9, n=45)
     text, jit = compile_scop(scop, matmul_schedule(scop, vector=True, outer_mark="parallel"), Options(threads=2))
-    assert "pthread_create" in text and " x float>" in text
+    assert "polyc_parallel_run" in text and " x float>" in text
     arrays = matmul_arrays(m=9, n=45)
     arrays["C"] = np.full((9, 45), np.nan, "float32")
     assert call_kernel(jit, scop, arrays) == 0
@@ -274,7 +274,7 @@ def test_vector_loops_inside_parallel_chunks():
 def test_naive_options_ignore_parallel_and_vector_marks():
     scop = matmul_scop()
     text, jit = compile_scop(scop, matmul_schedule(scop, vector=True, outer_mark="parallel"), Options.naive())
-    assert "pthread_create" not in text and " x float>" not in text
+    assert "polyc_parallel_run" not in text and " x float>" not in text
     arrays = matmul_arrays()
     arrays["C"] = np.zeros((M, N), "float32")
     assert call_kernel(jit, scop, arrays) == 0

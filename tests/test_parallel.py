@@ -35,3 +35,79 @@ def test_the_outermost_coincident_loop_with_several_tiles_is_parallel():
     ast = compiled.stage("ast")
     marked = ast.split("// parallel_c", 1)[1].split("\n", 1)[1].lstrip().splitlines()[0]
     assert marked.startswith("for (int c") and "+= 32" in marked  # the output-channel tile loop
+
+
+# ---- the thread pool every parallel loop runs on (polyc.codegen.pool) ----
+
+SCALE = """
+def scale(float(N) X, float(M) W) -> (Y) {
+    Y(i) +=! X(i) * W(j)
+}"""
+
+
+def _scale_case(n: int = 4096, m: int = 64, threads: int = 2):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    w = rng.standard_normal(m).astype(np.float32)
+    compiled = polyc.define(SCALE, options=Options(threads=threads)).specialize(x.shape, w.shape)
+    assert "parallel" in compiled.stage("ast")
+    return compiled, x, w, x.astype(np.float64) * w.astype(np.float64).sum()
+
+
+def _threads_of_this_process() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_parallel_calls_reuse_the_pool_workers():
+    compiled, x, w, expected = _scale_case(threads=3)
+    compiled(x, w)
+    before = _threads_of_this_process()
+    for _ in range(300):  # a thread per call would show up here (or exhaust the process)
+        np.testing.assert_allclose(compiled(x, w), expected, rtol=1e-4, atol=1e-3)
+    assert _threads_of_this_process() == before
+
+
+def test_workers_that_fell_asleep_wake_for_the_next_call():
+    import time
+
+    compiled, x, w, expected = _scale_case()
+    compiled(x, w)
+    time.sleep(0.2)  # far beyond the spin budget: the workers wait in futex now
+    for _ in range(3):
+        np.testing.assert_allclose(compiled(x, w), expected, rtol=1e-4, atol=1e-3)
+        time.sleep(0.05)
+
+
+def test_concurrent_callers_from_python_threads_all_get_their_results():
+    import concurrent.futures
+
+    cases = [_scale_case(n=4096 + 17 * k) for k in range(4)]
+
+    def work(k):
+        compiled, x, w, expected = cases[k % len(cases)]
+        out = compiled(x, w)
+        return np.allclose(out, expected, rtol=1e-4, atol=1e-3)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # ctypes releases the GIL: callers overlap
+        assert all(pool.map(work, range(400)))
+
+
+def test_a_forked_child_runs_parallel_kernels_without_the_parents_workers():
+    import multiprocessing
+
+    compiled, x, w, expected = _scale_case()
+    compiled(x, w)  # the parent's pool has its workers now; a forked child has none of them
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    child = ctx.Process(target=lambda: results.put(compiled(x, w)))  # inherited by fork, not pickled
+    child.start()
+    try:
+        out = results.get(timeout=60)  # a child waiting on the parent's workers would hang here
+    finally:
+        child.join(timeout=10)
+        if child.is_alive():
+            child.kill()
+    assert child.exitcode == 0
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)

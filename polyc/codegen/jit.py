@@ -4,9 +4,11 @@
 out stay valid while it lives. The machine code is for the :class:`~polyc.codegen.target.Target` (the
 host: its CPU name and features, so AVX2/AVX-512 and FMA are used).
 
-External symbols the generated code calls (libm's ``tanhf``/``erff``..., glibc's ``pthread_create`` and
-``pthread_join``) are resolved in-process; libm is loaded with ``llvm.load_library_permanently``. A symbol
-that cannot be resolved raises :class:`~polyc.errors.CompileError` before MCJIT would abort the process.
+External symbols the generated code calls (libm's ``tanhf``/``erff``..., libmvec's vector functions) are
+resolved in-process; libm is loaded with ``llvm.load_library_permanently``. ``polyc_parallel_run``, which
+every parallel loop calls, is the thread pool of :mod:`polyc.codegen.pool`: compiled once per process, before
+the first kernel, and registered with ``llvm.add_symbol``. A symbol that cannot be resolved raises
+:class:`~polyc.errors.CompileError` before MCJIT would abort the process.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from llvmlite import ir
 
 from .. import debug
 from ..errors import CompileError
+from .pool import PARALLEL_RUN, pool_module
 from .target import Target
 
 
@@ -36,6 +39,19 @@ def _init_llvm() -> None:
                 llvm.load_library_permanently(path)
             except RuntimeError:  # e.g. a static-only libpthread: glibc ≥ 2.34 has it in libc anyway
                 pass
+
+
+#: The thread pool's compiled module, kept alive for the life of the process (its workers run its code).
+_POOL: list = []
+
+
+def _ensure_pool(target: Target) -> None:
+    """Compile the thread pool (:func:`~polyc.codegen.pool.pool_module`) once per process and make
+    ``polyc_parallel_run`` resolvable by every module compiled or loaded after it."""
+    if not _POOL:
+        pool = _compile(str(pool_module(target.triple)), target, 2)
+        llvm.add_symbol(PARALLEL_RUN, pool.address(PARALLEL_RUN))
+        _POOL.append(pool)
 
 
 class JitModule:
@@ -95,6 +111,12 @@ def compile_module(module_or_ir_text, target: Target, opt_level: int = 3) -> Jit
     _init_llvm()
     if not 0 <= opt_level <= 3:
         raise CompileError(f"jit: opt_level must be 0..3, got {opt_level}")
+    _ensure_pool(target)
+    return _compile(module_or_ir_text, target, opt_level)
+
+
+def _compile(module_or_ir_text, target: Target, opt_level: int) -> JitModule:
+    """:func:`compile_module` without the pool (which is compiled through here itself)."""
     text = str(module_or_ir_text) if isinstance(module_or_ir_text, ir.Module) else module_or_ir_text
     try:
         mod = llvm.parse_assembly(text)
@@ -144,6 +166,7 @@ def load_object(object_code: bytes, target: Target) -> JitModule:
     Raises CompileError if LLVM cannot read the object.
     """
     _init_llvm()
+    _ensure_pool(target)
     try:
         tm = llvm.Target.from_triple(target.triple).create_target_machine(
             cpu=target.cpu, features=target.features, opt=0, reloc="default", codemodel="jitdefault", jit=True)

@@ -11,13 +11,13 @@ What :func:`emit_kernel` adds to the module, for a Scop named ``mm``::
 
     define i32 @mm(ptr %args)                 ; args[i] = data pointer of scop.tensors[i]; 0 ok, 1 bad index
     define internal i32 @mm.body(ptr noalias %A, ptr noalias %B, ptr noalias %C)
-    define internal ptr @mm.par0(ptr %ctx)    ; per "parallel" mark: pthread start routine ...
+    define internal ptr @mm.par0(ptr %ctx)    ; per "parallel" mark: the chunk the thread pool runs ...
     define internal i32 @mm.par0.body(ptr noalias %A, ..., i64 %lo, i64 %hi, i64 %c0, ...)  ; ... and chunk
 
 Tensor pointers are ``noalias``: the tensors of one kernel call must not overlap in memory.
 
 Marks on a ``for`` (inserted by the scheduling side with ``insert_mark``) select its emitter in
-:func:`emit_for`: ``"parallel"`` → :func:`emit_parallel_for` (outlined body run on pthreads),
+:func:`emit_for`: ``"parallel"`` → :func:`emit_parallel_for` (outlined body run by the thread pool),
 ``"vector"`` → :func:`polyc.codegen.vector.emit_vector_for` (LLVM vectors, scalar fallback),
 ``"unroll"`` → :func:`emit_unrolled_for` (full unroll up to a constant bound), anything else and plain
 loops → :func:`emit_sequential_for`.
@@ -35,6 +35,7 @@ from ..errors import CompileError
 from ..options import Options
 from ..poly.scop import PolyStatement, Scop
 from . import expr as X
+from .pool import declare_parallel_run
 from .target import Target
 
 I1, I8, I32, I64, PTR = X.I1, X.I8, X.I32, X.I64, X.PTR
@@ -454,17 +455,18 @@ def emit_trip_count(r: Region, bounds, b: ir.IRBuilder) -> tuple[ir.Value, ir.Va
     return init, last, n
 
 
-# ---- parallel loops on pthreads ----
+# ---- parallel loops on the thread pool (polyc.codegen.pool) ----
 
 def emit_parallel_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
     """A "parallel" ``for``: its iterations split into ``options.threads`` (None: ``target.cores``) chunks.
 
     The loop is outlined into ``i32 @<kernel>.parN.body(tensors..., i64 lo, i64 hi, live iterators...)``
-    running ``for (it = lo; it <= hi; it += step)``, wrapped by the pthread start routine
+    running ``for (it = lo; it <= hi; it += step)``, wrapped by the chunk function
     ``ptr @<kernel>.parN(ptr ctx)`` which reads a context struct ``{ptr tensors..., i64 lo, i64 hi, i64
-    live..., i32 result}`` and stores the chunk's return code in ``result``. The calling thread starts
-    chunks 1.. with ``pthread_create``, runs chunk 0 itself (and any chunk whose thread could not be
-    created), joins them with ``pthread_join`` and returns 1 if any chunk did.
+    live..., i32 result}`` and stores the chunk's return code in ``result``. The caller fills one context
+    per chunk and hands them all to the process's thread pool (``polyc_parallel_run``,
+    :mod:`polyc.codegen.pool`: chunk 0 on the calling thread, the others on waiting workers); it returns
+    1 if any chunk did.
 
     Falls back to :func:`emit_sequential_for` for one thread, inside another parallel loop, or when the
     loop bounds are not of the form :func:`loop_bounds` recognises.
@@ -499,18 +501,16 @@ def emit_parallel_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) 
     sb.store(rc, _field(sb, ctx_ty, start.args[0], result_field))
     sb.ret(ir.Constant(PTR, None))
 
-    # the caller: split [0, n) into T = clamp(n, 1, threads) chunks of iterations
+    # the caller: split [0, n) into T = clamp(n, 1, threads) chunks of iterations, run by the thread pool
     b = ir.IRBuilder(block)
     init, _, n = emit_trip_count(r, bounds, b)
     T = _smax(b, _smin(b, n, ir.Constant(I64, threads)), ir.Constant(I64, 1))
     ctxs = r.alloca(ir.ArrayType(ctx_ty, threads), name=f"{name}.ctx")
-    tids = r.alloca(ir.ArrayType(I64, threads), name=f"{name}.tid")
-    created = r.alloca(ir.ArrayType(I8, threads), name=f"{name}.created")
-    create = X.declare(k.module, "pthread_create", ir.FunctionType(I32, [PTR, PTR, PTR, PTR]))
-    join = X.declare(k.module, "pthread_join", ir.FunctionType(I32, [I64, PTR]))
 
-    def context(bb: ir.IRBuilder, t: ir.Value) -> ir.Value:
+    def context(blk: ir.Block) -> ir.Block:
         """Fill chunk t's context: iterations k in [n*t/T, n*(t+1)/T)."""
+        bb = ir.IRBuilder(blk)
+        t = r.ids[".t"]
         ctx = bb.gep(ctxs, [ir.Constant(I64, 0), t], inbounds=True, source_etype=ctxs.allocated_type)
         k0 = bb.sdiv(bb.mul(n, t), T)
         k1 = bb.sdiv(bb.mul(n, bb.add(t, ir.Constant(I64, 1))), T)
@@ -519,36 +519,15 @@ def emit_parallel_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) 
         values = [r.tensors[t_.name] for t_ in k.scop.tensors] + [first, last] + [r.ids[v] for v in live]
         for i, v in enumerate(values + [ir.Constant(I32, 0)]):
             bb.store(v, _field(bb, ctx_ty, ctx, i))
-        return ctx
-
-    def spawn(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
-        t = r.ids[".t"]
-        ctx = context(bb, t)
-        tid = bb.gep(tids, [ir.Constant(I64, 0), t], inbounds=True, source_etype=tids.allocated_type)
-        ok = bb.icmp_signed("==", bb.call(create, [tid, ir.Constant(PTR, None), start, ctx]), ir.Constant(I32, 0))
-        bb.store(bb.zext(ok, I8), bb.gep(created, [ir.Constant(I64, 0), t], source_etype=created.allocated_type))
-        with bb.if_then(bb.not_(ok)):
-            bb.call(start, [ctx])  # no thread: run the chunk here
-        return bb.block
-
-    def gather(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
-        t = r.ids[".t"]
-        was_created = bb.load(bb.gep(created, [ir.Constant(I64, 0), t], source_etype=created.allocated_type), typ=I8)
-        with bb.if_then(bb.icmp_unsigned("!=", was_created, ir.Constant(I8, 0))):
-            tid = bb.gep(tids, [ir.Constant(I64, 0), t], inbounds=True, source_etype=tids.allocated_type)
-            bb.call(join, [bb.load(tid, typ=I64), ir.Constant(PTR, None)])
         return bb.block
 
     one = ir.Constant(I64, 1)
     below_T = lambda bb, t: bb.icmp_signed("<", t, T)  # noqa: E731
-    after = emit_loop(r, b.block, ".t", one, below_T, one, spawn)
+    after = emit_loop(r, b.block, ".t", ir.Constant(I64, 0), below_T, one, context)
     b = ir.IRBuilder(after)
-    b.call(start, [context(b, ir.Constant(I64, 0))])
-    after = emit_loop(r, b.block, ".t", one, below_T, one, gather)
+    ctx_bytes = b.ptrtoint(b.gep(ir.Constant(PTR, None), [one], source_etype=ctx_ty), I64)
+    b.call(declare_parallel_run(k.module), [start, ctxs, ctx_bytes, T])
     # any chunk failed?
-    b = ir.IRBuilder(after)
     status = r.alloca(I32, name=f"{name}.status")
     b.store(ir.Constant(I32, 0), status)
 
