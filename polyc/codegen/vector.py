@@ -233,14 +233,21 @@ def reduction_plan(k: Kernel, node: isl.AstNode):
     return (lanes, strides, users[0]) if lanes > 1 else None
 
 
+#: Independent vector accumulators of a reduction along the vector loop: enough to cover the latency of an
+#: FMA or add (4 cycles) at two per cycle, so the loop runs at load throughput instead of add latency.
+REDUCTION_ACCUMULATORS = 4
+
+
 def emit_vector_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block, lanes: int,
                           strides: dict, user: isl.AstNode) -> ir.Block:
-    """A reduction along the loop with ``lanes`` partial results in a vector register::
+    """A reduction along the loop with ``U x lanes`` partial results in ``U`` vector registers
+    (``U`` = :data:`REDUCTION_ACCUMULATORS`)::
 
-        acc = splat(identity)
-        for (c = lo; c < lo + n/W*W; c += W)   acc = acc op rhs[c : c+W]
-        T[...] = T[...] op tree_reduce(acc)     ; log2(W) halving steps with the statement's own operator
-        for (; c <= hi; c += 1)                 T[...] = T[...] op rhs[c]
+        acc_0..acc_{U-1} = splat(identity)
+        for (c = lo; c < lo + n/(U W)*(U W); c += U W)   acc_u = acc_u op rhs[c + u W : c + (u+1) W]   (each u)
+        for (; c < lo + n/W*W; c += W)                   acc_0 = acc_0 op rhs[c : c+W]
+        T[...] = T[...] op tree_reduce(acc_0 op ... op acc_{U-1})   ; log2(W) halving steps, the statement's op
+        for (; c <= hi; c += 1)                          T[...] = T[...] op rhs[c]
 
     The partial sums are combined in a different order than the sequential loop (reassociation: float
     sums differ in the last bits, as numpy's pairwise sums do)."""
@@ -252,25 +259,42 @@ def emit_vector_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Blo
     it = node.for_get_iterator().get_id().name
     b = ir.IRBuilder(block)
     init, last, n = emit_trip_count(r, loop_bounds(node), b)
+    wide = lanes * REDUCTION_ACCUMULATORS
+    unrolled_end = b.add(init, b.mul(b.sdiv(n, ir.Constant(I64, wide)), ir.Constant(I64, wide)))
     vector_end = b.add(init, b.mul(b.sdiv(n, ir.Constant(I64, lanes)), ir.Constant(I64, lanes)))
     vty = X.llvm_type(dtype, lanes)
-    acc = r.alloca(vty, "acc")
-    b.store(X.const(vty, identity_value(stmt.op, dtype)), acc)
+    accs = [r.alloca(vty, f"acc{u}") for u in range(REDUCTION_ACCUMULATORS)]
+    for acc in accs:
+        b.store(X.const(vty, identity_value(stmt.op, dtype)), acc)
 
-    def body(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
+    def update(bb: ir.IRBuilder, acc) -> None:
         indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
         env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, lanes=lanes, strides=strides,
                     safe_reads=stmt.safe_reads)
         bb.store(X.emit_update(env, stmt.op, dtype, stmt.rhs, bb.load(acc, typ=vty), bb), acc)
+
+    def unrolled(blk: ir.Block) -> ir.Block:
+        bb = ir.IRBuilder(blk)
+        base = r.ids[it]
+        for u, acc in enumerate(accs):
+            with_id(r, it, bb.add(base, ir.Constant(I64, u * lanes)), lambda: update(bb, acc))
         return bb.block
 
-    after = emit_loop(r, b.block, it, init, lambda bb, iv: bb.icmp_signed("<", iv, vector_end),
-                      ir.Constant(I64, lanes), body)
+    def single(blk: ir.Block) -> ir.Block:
+        bb = ir.IRBuilder(blk)
+        update(bb, accs[0])
+        return bb.block
+
+    after = emit_loop(r, b.block, it, init, lambda bb, iv: bb.icmp_signed("<", iv, unrolled_end),
+                      ir.Constant(I64, wide), unrolled)
+    after = emit_loop(r, after, it, unrolled_end, lambda bb, iv: bb.icmp_signed("<", iv, vector_end),
+                      ir.Constant(I64, lanes), single)
 
     def fold() -> ir.Block:
         bb = ir.IRBuilder(after)
-        value = bb.load(acc, typ=vty)
+        value = bb.load(accs[0], typ=vty)
+        for acc in accs[1:]:
+            value = X.combine(bb, stmt.op, dtype, value, bb.load(acc, typ=vty))
         width = lanes
         while width > 1:
             half = width // 2

@@ -193,6 +193,27 @@ def choose_members(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop):
     return u, v
 
 
+def streams_rows(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop, v: int, R: list[int]) -> bool:
+    """Whether the band should stream rows instead of register-tiling: some read loaded along the vector
+    member ``v`` jumps at least PACK_MIN_ROW_BYTES per step of a reduction member in ``R`` (``y(j) +=
+    A(i,j) * t(i)`` with long rows of ``A``). Without an unroll member no loaded vector is reused in
+    registers, and the register tile's point loops ``[R, v-block]`` would walk such a read down a column
+    of short blocks, a new page each step; with ``v`` innermost and the reductions outside it, each step
+    reads a contiguous row segment of the tile instead (the accumulated output segment stays in L1)."""
+    v_index = member_index(node, v, stmt)
+    strides = access_strides(stmt, scop, v_index)[1]
+    loaded = [a for a, st in zip(_reads(stmt.rhs), strides) if st]
+    for k in R:
+        index = member_index(node, k, stmt)
+        if index is None:
+            continue
+        for read in loaded:
+            jump = element_stride(read.args, scop.tensor(read.tensor).shape, index, stmt.indices, scop.sizes)
+            if jump is not None and abs(jump) * _itemsize(scop.tensor(read.tensor).dtype) >= PACK_MIN_ROW_BYTES:
+                return True
+    return False
+
+
 # ---- steps 2-5 ----------------------------------------------------------------------------------------
 
 def register_tile_sizes(options: Options, vector_lanes: int, vector_bits: int = 256) -> tuple[int, int]:
@@ -265,6 +286,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, 
     # members of one value first: they generate no loop, so the next member's loop is the outermost one
     P = sorted((k for k in range(n) if coincident[k] and k not in (u, v)), key=lambda k: band_extents(node)[k] > 1)
     R = [k for k in range(n) if not coincident[k] and k != rv] + ([rv] if rv is not None else [])
+    stream = v is not None and u is None and bool(R) and streams_rows(node, stmt, scop, v, R)
     order = P + [k for k in (u, v) if k is not None] + R
     extents = band_extents(node)
     mr, nr = register_tile_sizes(options, lanes(scop, target), getattr(target, "vector_bits", 256))
@@ -290,10 +312,13 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, 
     if options.tile:
         node = band_tile(node, tiles)
         node = node.child(0)
-    if v is not None:
+    if stream:  # point loops [P, R, v]: the tile loops keep v outside the reductions (a parallel loop)
+        point = len(P)
+        node = _vector_innermost(band_permute(node, list(range(point)) + list(range(point + 1, n)) + [point]))
+    elif v is None and rv is not None:
+        node = _vector_innermost(node)
+    elif v is not None:
         node = _point_loops(node, len(P), u is not None, len(R), mr, nr)
-    elif rv is not None:
-        node = _vector_reduction_loop(node)
     node = node_at(node.get_schedule(), band_path)
     return (mark_parallel(node) if parallel else node), packing
 
@@ -400,8 +425,8 @@ def choose_reduction_member(node: isl.ScheduleNode, stmt: PolyStatement, scop: S
     return found
 
 
-def _vector_reduction_loop(point: isl.ScheduleNode) -> isl.ScheduleNode:
-    """Mark the last member of the point band ``vector`` (a reduction along it). When statements branch
+def _vector_innermost(point: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Mark the last member of the point band ``vector`` (a reduction along it, or a streamed row). When statements branch
     below (an initialisation beside the reduction), the member is first sunk into each statement
     (``band_sink``) so the marked loop holds the reduction alone."""
     if point.band_n_member() > 1:
