@@ -17,10 +17,19 @@ What it measures, each polyc kernel and its peer side by side in one run, on the
 - ``overhead``: the fixed cost of calling a compiled kernel from Python on a 1-element add, in microseconds.
 
 Columns: kernel, size, threads, peer, polyc ms, peer ms, ratio (= peer time / polyc time: above 1 polyc is
-faster), polyc GFLOP/s, % of measured peak, compile ms, check (polyc's outputs against the peer's). The
-*measured peak* is numpy's SGEMM (DGEMM for fp64 rows) at 2048^3 (512^3 with ``--quick``) measured at the
-start of the run, at 1 thread and at ``--threads``; a row's peak is the larger of the two figures for at
-most its thread count. It is a practical ceiling, not the FMA peak of the core.
+faster), polyc GFLOP/s, % of peak, compile ms, check (polyc's outputs against the peer's).
+
+The *peak* is the machine's FMA throughput, measured at the start of the run: a loop of independent vector
+FMA chains (16 accumulators of ``<16 x float>`` with AVX-512, 12 of ``<8 x float>`` with AVX2;
+``llvm.fma.*``), built with llvmlite for the host CPU and its features and JIT-compiled with MCJIT, called
+through ctypes; GFLOP/s = 2 x lanes x chains x iterations / seconds, best of several runs. It is measured
+for fp32 and fp64 (half the lanes), at 1 thread and at ``--threads`` threads (that many Python threads each
+calling the loop at once, ctypes releasing the GIL; the figure is all their flops over the wall time from
+the first start to the last finish). A row's % is of the peak of its dtype at its thread count: an upper
+bound, since loads, stores and non-FMA operations take issue slots the loop does not use.
+numpy's SGEMM and DGEMM at 2048^3 (512^3 with ``--quick``), at 1 thread and at ``--threads``, are printed
+as a reference line; they are not used for the %. If the FMA loop cannot be built or run, the script says
+so and falls back to those GEMM figures.
 
 Times are medians of ``--runs`` calls after a warm-up (fewer for calls that take seconds); compile times are
 real (``POLYC_CACHE_DIR=off`` unless set). Other work on the machine makes timings noisy: compare rows of
@@ -48,6 +57,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -194,6 +204,144 @@ def median_time(fn, runs: int, budget_s: float = 4.0, best: bool = False) -> tup
     return (min(samples) if best else statistics.median(samples)), len(samples)
 
 
+# ---- FMA peak -------------------------------------------------------------------------------------------
+
+class FmaPeak:
+    """The machine's FMA throughput: a JIT-compiled loop of independent vector FMA chains.
+
+    One function per dtype, ``T fma_<f32|f64>(i64 n, T a, T b)``: ``chains`` accumulators (distinct starting
+    vectors, so none can be merged), each updated ``acc = fma(acc, splat(a), splat(b))`` ``UNROLL`` times per
+    iteration for ``n`` iterations, then summed into the returned scalar so the loop is live. ``a`` and ``b``
+    are arguments (0.999 and 0.001 when run), so nothing folds and the values converge to 1 without
+    overflow or denormals. Built with llvmlite's IR builder for ``llvm.get_host_cpu_name()`` and its
+    features, compiled by MCJIT at opt level 3 without the IR optimizer (the loop is already minimal), and
+    called through ctypes, which releases the GIL, so several Python threads run it at once.
+    """
+
+    UNROLL = 4
+
+    def __init__(self):
+        from llvmlite import ir
+        import llvmlite.binding as llvm
+
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        self.cpu = llvm.get_host_cpu_name()
+        try:
+            self.features = llvm.get_host_cpu_features().flatten()
+        except RuntimeError:  # LLVM cannot list the host's features on some platforms
+            self.features = ""
+        enabled = {f[1:] for f in self.features.split(",") if f.startswith("+")}
+        self.bits = 512 if "avx512f" in enabled else 256 if "avx" in enabled else 128
+        # at least FMA latency x FMA pipes chains keep every pipe busy (4 x 2 on Zen 4/5 and recent Intel
+        # cores); AVX-512 has 32 vector registers, AVX2 16 (the chains, a and b must all stay in registers)
+        self.chains = 16 if self.bits == 512 else 12
+        self.isa = {512: "AVX-512", 256: "AVX2" if "avx2" in enabled else "AVX", 128: "128-bit"}[self.bits]
+        self.lanes = {"float32": self.bits // 32, "float64": self.bits // 64}
+
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        module = ir.Module(name="fma_peak")
+        module.triple = llvm.get_process_triple()
+        for dtype, scalar in (("float32", ir.FloatType()), ("float64", ir.DoubleType())):
+            lanes = self.lanes[dtype]
+            vec = ir.VectorType(scalar, lanes)
+            # llvmlite's IRBuilder.fma and declare_intrinsic take scalars only: declare the vector intrinsic
+            fma = ir.Function(module, ir.FunctionType(vec, [vec] * 3), f"llvm.fma.v{lanes}f{dtype[-2:]}")
+            fn = ir.Function(module, ir.FunctionType(scalar, [i64, scalar, scalar]), self._name(dtype))
+            n, a, b = fn.args
+            entry, loop, done = (fn.append_basic_block(x) for x in ("entry", "loop", "done"))
+            bld = ir.IRBuilder(entry)
+            undef = ir.Constant(vec, ir.Undefined)
+            splat = lambda x: bld.shuffle_vector(  # noqa: E731
+                bld.insert_element(undef, x, ir.Constant(i32, 0)), undef,
+                ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
+            va, vb = splat(a), splat(b)
+            bld.branch(loop)
+            bld.position_at_end(loop)
+            i = bld.phi(i64)
+            accs = [bld.phi(vec) for _ in range(self.chains)]
+            values = list(accs)
+            for _ in range(self.UNROLL):
+                values = [bld.call(fma, [v, va, vb]) for v in values]
+            step = bld.add(i, ir.Constant(i64, 1))
+            i.add_incoming(ir.Constant(i64, 0), entry)
+            i.add_incoming(step, loop)
+            for c, (acc, v) in enumerate(zip(accs, values)):
+                acc.add_incoming(ir.Constant(vec, [1.0 + c + 0.01 * lane for lane in range(lanes)]), entry)
+                acc.add_incoming(v, loop)
+            bld.cbranch(bld.icmp_signed("<", step, n), loop, done)
+            bld.position_at_end(done)
+            total = values[0]
+            for v in values[1:]:
+                total = bld.fadd(total, v)
+            result = bld.extract_element(total, ir.Constant(i32, 0))
+            for lane in range(1, lanes):
+                result = bld.fadd(result, bld.extract_element(total, ir.Constant(i32, lane)))
+            bld.ret(result)
+
+        mod = llvm.parse_assembly(str(module))
+        mod.verify()
+        tm = llvm.Target.from_triple(module.triple).create_target_machine(
+            cpu=self.cpu, features=self.features, opt=3, jit=True)
+        self._engine = llvm.create_mcjit_compiler(mod, tm)  # keeps the machine code alive
+        self._engine.finalize_object()
+        self.functions = {}
+        for dtype, ctype in (("float32", ctypes.c_float), ("float64", ctypes.c_double)):
+            address = self._engine.get_function_address(self._name(dtype))
+            self.functions[dtype] = ctypes.CFUNCTYPE(ctype, ctypes.c_int64, ctype, ctype)(address)
+
+    @staticmethod
+    def _name(dtype: str) -> str:
+        return f"fma_{'f32' if dtype == 'float32' else 'f64'}"
+
+    def flops_per_iteration(self, dtype: str) -> int:
+        return 2 * self.lanes[dtype] * self.chains * self.UNROLL
+
+    def measure(self, dtype: str, thread_counts, runs: int, call_s: float) -> dict:
+        """{threads: GFLOP/s} for ``dtype``: the best of ``runs`` runs, each ``threads`` Python threads
+        calling the loop at once (iterations sized for about ``call_s`` seconds a call); a run's figure is all
+        the threads' flops over the wall time from the first thread's start to the last one's finish."""
+        fn = self.functions[dtype]
+        n = 10_000
+        while True:  # size the loop from a timed call
+            t = time.perf_counter()
+            value = fn(n, 0.999, 0.001)
+            seconds = time.perf_counter() - t
+            if seconds > 0.01 or n > 1 << 40:
+                break
+            n *= 10
+        if not math.isfinite(value):
+            raise RuntimeError(f"FMA loop returned {value}")
+        n = max(1, int(n * call_s / seconds))
+        result = {}
+        for threads in thread_counts:
+            best = 0.0
+            for _ in range(runs):
+                barrier = threading.Barrier(threads)
+                spans = [None] * threads
+
+                def work(k):
+                    barrier.wait()
+                    start = time.perf_counter()
+                    fn(n, 0.999, 0.001)
+                    spans[k] = (start, time.perf_counter())
+
+                workers = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+                for w in workers:
+                    w.start()
+                for w in workers:
+                    w.join()
+                wall = max(e for _, e in spans) - min(s for s, _ in spans)
+                best = max(best, threads * n * self.flops_per_iteration(dtype) / wall / 1e9)
+            result[threads] = best
+        return result
+
+    def describe(self) -> str:
+        return (f"{self.chains} independent chains of <{self.lanes['float32']} x float> / "
+                f"<{self.lanes['float64']} x double> llvm.fma ({self.isa}, unrolled {self.UNROLL}x; llvmlite "
+                f"MCJIT for {self.cpu})")
+
+
 @dataclass
 class Row:
     kernel: str
@@ -250,7 +398,10 @@ class Bench:
         self.args = args
         self.blas = BlasThreads()
         self.rows: list[Row] = []
-        self.peaks: dict = {}
+        self.fma: FmaPeak | None = None
+        self.fma_peaks: dict = {}  # (dtype, threads) -> GFLOP/s of the FMA loop
+        self.fma_runs = 0
+        self.gemm_peaks: dict = {}  # (dtype, threads) -> GFLOP/s of numpy's GEMM at peak_size^3 (a reference)
         self.rng = np.random.default_rng(0)
         self.library: dict = {}
         self.notes: list[str] = []
@@ -293,23 +444,53 @@ class Bench:
               f"{_ms(row.polyc_s)} ms, peer {_ms(row.peer_s)} ms, {row.check}", file=sys.stderr, flush=True)
 
     def peak(self, dtype: str, threads: int) -> float:
-        """The measured peak for a row: the best numpy GEMM figure for at most ``threads`` threads."""
-        figures = [v for (d, t), v in self.peaks.items() if d == dtype and t <= threads]
+        """A row's peak: the FMA peak of its dtype at its thread count (the GEMM fallback: the best numpy
+        figure of its dtype for at most ``threads`` threads)."""
+        if self.fma is not None:
+            return self.fma_peaks.get((dtype, threads), float("nan"))
+        figures = [v for (d, t), v in self.gemm_peaks.items() if d == dtype and t <= threads]
         return max(figures) if figures else float("nan")
 
     # ---- sections ----
     def measure_peaks(self):
+        """The FMA peak (fp32, fp64 at 1 and ``--threads`` threads), then numpy's GEMM as a reference."""
+        thread_counts = sorted({1, self.args.threads})
+        runs = max(5, self.args.runs)
+        self.fma_runs = runs
+        try:
+            fma = FmaPeak()
+            for dtype in ("float32", "float64"):
+                for t, gflops in fma.measure(dtype, thread_counts, runs, 0.05 if self.args.quick else 0.2).items():
+                    self.fma_peaks[(dtype, t)] = gflops
+                    print(f"  peak: FMA loop {'fp32' if dtype == 'float32' else 'fp64'} at {t} thread(s): "
+                          f"{gflops:.1f} GFLOP/s", file=sys.stderr, flush=True)
+            self.fma = fma
+            for dtype in ("float32", "float64"):
+                t = thread_counts[-1]
+                one, many = self.fma_peaks[(dtype, 1)], self.fma_peaks[(dtype, t)]
+                expected = min(t, os.cpu_count() or 1)
+                if many < 0.8 * expected * one:
+                    self.notes.append(
+                        f"the {'fp32' if dtype == 'float32' else 'fp64'} FMA loop ran only {many / one:.2f}x faster "
+                        f"at {t} threads than at 1 (expected about {expected}x on {os.cpu_count()} CPUs): other work "
+                        f"was likely sharing the cores, so the {t}-thread peak is low and its rows' % of peak high")
+        except Exception as exc:  # no llvmlite target for this host, or the JIT failed: keep the GEMM figures
+            print(f"  peak: the FMA loop failed ({type(exc).__name__}: {exc}); using numpy GEMM instead",
+                  file=sys.stderr, flush=True)
+            self.notes.append(f"the FMA peak could not be measured ({type(exc).__name__}: {exc}): % of peak is "
+                              f"of numpy's GEMM figure instead, the best of its dtype at most the row's threads")
+            self.fma_peaks.clear()
         n = 512 if self.args.quick else 2048
         self.peak_size = n
         for dtype in ("float32", "float64"):
             a, b = self.normal(n, n, dtype=dtype), self.normal(n, n, dtype=dtype)
             c = np.empty((n, n), dtype)
-            for t in sorted({1, self.args.threads}):
+            for t in thread_counts:
                 with self.blas.limit(t):
                     seconds, _ = median_time(lambda: np.matmul(a, b, out=c), max(5, self.args.runs), best=True)
-                self.peaks[(dtype, t)] = 2 * n ** 3 / seconds / 1e9
-                print(f"  peak: numpy {'S' if dtype == 'float32' else 'D'}GEMM {n}^3 at {t} thread(s): "
-                      f"{self.peaks[(dtype, t)]:.1f} GFLOP/s", file=sys.stderr, flush=True)
+                self.gemm_peaks[(dtype, t)] = 2 * n ** 3 / seconds / 1e9
+                print(f"  reference: numpy {'S' if dtype == 'float32' else 'D'}GEMM {n}^3 at {t} thread(s): "
+                      f"{self.gemm_peaks[(dtype, t)]:.1f} GFLOP/s", file=sys.stderr, flush=True)
 
     def gemm(self):
         sizes = (128, 256) if self.args.quick else (256, 512, 1024, 2048)
@@ -454,16 +635,40 @@ class Bench:
               + (f", onnxruntime {ort_version()}" if ort_version() else ""))
         print(f"- numpy BLAS threads: {self.blas.describe()}; polyc threads via Options(threads=...); "
               f"onnxruntime via intra_op_num_threads")
-        peaks = ", ".join(f"{'S' if d == 'float32' else 'D'}GEMM {t} thread{'s' if t > 1 else ''}: {v:.1f}"
-                          for (d, t), v in sorted(self.peaks.items()))
-        print(f"- measured peak (numpy GEMM {self.peak_size}^3, best of 5 runs, GFLOP/s): {peaks}; a row's % is "
-              f"of the best figure of its dtype at most its thread count")
+        if self.fma is not None:
+            figures = "; ".join(
+                f"{'fp32' if d == 'float32' else 'fp64'} " + ", ".join(
+                    f"{t} thread{'s' if t > 1 else ''} {v:.1f}" for (d2, t), v in sorted(self.fma_peaks.items())
+                    if d2 == d)
+                for d in ("float32", "float64"))
+            print(f"- peak (the % of peak column): the machine's FMA throughput measured at the start of the run, "
+                  f"{self.fma.describe()}, best of {self.fma_runs} runs, N threads = N Python threads running the "
+                  f"loop at once; GFLOP/s: {figures}; a row's % is of the figure of its dtype at its thread count")
+        elif self.gemm_peaks:
+            print(f"- peak (the % of peak column): the FMA loop could not run (see the notes below), so numpy's "
+                  f"GEMM figures below stand in; a row's % is of the best figure of its dtype at most its thread "
+                  f"count")
+        if self.gemm_peaks:
+            gemm = "; ".join(
+                f"numpy {'S' if d == 'float32' else 'D'}GEMM {self.peak_size}^3: " + ", ".join(
+                    f"{v:.1f} GFLOP/s at {t} thread{'s' if t > 1 else ''}"
+                    for (d2, t), v in sorted(self.gemm_peaks.items()) if d2 == d)
+                for d in ("float32", "float64"))
+            print(f"- reference{'' if self.fma is None else ' (not used for the %)'}: {gemm} "
+                  f"(best of {max(5, a.runs)} runs)")
         print(f"- times: median of up to {a.runs} runs after a warm-up (slow calls fewer); polyc and its peer "
               f"measured back to back; other work on the machine makes timings noisy (1-minute load average "
               f"{self.load_before} at the start, {_loadavg()} at the end on {os.cpu_count()} CPUs)"
               + ("; --quick: small sizes" if a.quick else ""))
-        print("- ratio = peer ms / polyc ms (above 1: polyc is faster); % of peak can pass 100% at sizes where "
-              f"numpy itself beats its {self.peak_size}^3 figure")
+        if self.fma is not None:
+            pct = ("; % of peak = GFLOP/s / peak, an upper bound: loads, stores and non-FMA operations take issue "
+                   "slots the FMA loop does not use, so even a good GEMM stays below 100%")
+        elif self.gemm_peaks:
+            pct = (f"; % of peak = GFLOP/s / numpy's GEMM figure, which can pass 100% at sizes where numpy itself "
+                   f"beats its {self.peak_size}^3 figure")
+        else:
+            pct = ""
+        print(f"- ratio = peer ms / polyc ms (above 1: polyc is faster){pct}")
         print()
         if self.rows:
             print("| kernel | size | threads | peer | polyc ms | peer ms | ratio | GFLOP/s | % of peak | compile ms "

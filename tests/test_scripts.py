@@ -128,7 +128,12 @@ def test_bench_kernels_quick_gemm():
         n = int(r["size"].split("x")[0])
         assert number(r["GFLOP/s"]) == pytest.approx(2 * n ** 3 / (polyc_ms * 1e-3) / 1e9, rel=0.1, abs=0.06)
         assert number(r["% of peak"]) >= 0
-    assert "measured peak (numpy GEMM 512^3" in result.stdout
+    # the peak is the FMA loop's, fp32 and fp64 at 1 and 2 threads; numpy's GEMM is a reference line
+    peak_line = next(line for line in result.stdout.splitlines() if line.startswith("- peak"))
+    assert "llvm.fma" in peak_line
+    for figure in ("fp32 1 thread ", ", 2 threads ", "; fp64 1 thread "):
+        assert figure in peak_line, peak_line
+    assert "numpy SGEMM 512^3: " in result.stdout and "numpy DGEMM 512^3: " in result.stdout
     assert "Per-call overhead" not in result.stdout  # --only gemm leaves the other sections out
 
 
