@@ -111,3 +111,23 @@ def test_a_forked_child_runs_parallel_kernels_without_the_parents_workers():
             child.kill()
     assert child.exitcode == 0
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_parallel_calls_finish_and_match_while_other_processes_hold_the_cores():
+    # the worker is often descheduled here: the caller steals its chunk back instead of waiting for it
+    import subprocess
+    import sys
+    import time
+
+    compiled, x, w, expected = _scale_case()
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        time.sleep(0.2)
+        for k in range(200):
+            np.testing.assert_allclose(compiled(x, w), expected, rtol=1e-4, atol=1e-3)
+            if k % 50 == 0:
+                time.sleep(0.01)  # let the worker fall asleep now and then
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()

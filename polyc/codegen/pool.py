@@ -11,14 +11,21 @@ waiting worker well under 1 us, so the workers are created once, on first use, a
 
 Each worker owns one 128-byte slot (its own cache lines: no false sharing between workers)::
 
-    { i32 gen, i32 sleeping, ptr chunk, ptr context, [40 x i8], i32 done, [60 x i8] }
+    { i32 gen, i32 sleeping, ptr chunk, ptr context, i32 claim, [36 x i8], i32 done, [60 x i8] }
 
-The caller writes ``chunk`` and ``context``, then bumps ``gen`` (sequentially consistent); the worker,
-spinning on ``gen`` with ``pause``, runs the chunk and stores ``done = gen`` (release), on which the caller
-waits. A worker that sees no work for :data:`SPIN_ITERATIONS` spins sleeps in ``futex(FUTEX_WAIT)`` on
-``gen`` after raising ``sleeping``; the caller wakes it (``FUTEX_WAKE``) when it sees ``sleeping`` after
-its bump (the two sequentially consistent store-then-load pairs cannot both miss each other). A caller
-writes a slot only after the worker stored ``done`` for the previous job, so a slot is never torn.
+The caller writes ``chunk`` and ``context``, clears ``claim``, then bumps ``gen`` (sequentially
+consistent); the worker, spinning on ``gen`` with ``pause``, takes the chunk by ``claim: 0 -> 1``
+(``cmpxchg``), runs it, and stores ``done = gen`` (release). A worker that sees no work for
+:data:`SPIN_ITERATIONS` spins sleeps in ``futex(FUTEX_WAIT)`` on ``gen`` after raising ``sleeping``; the
+caller wakes it (``FUTEX_WAKE``) when it sees ``sleeping`` after its bump (the two sequentially consistent
+store-then-load pairs cannot both miss each other).
+
+After its own chunk the caller *steals* every posted chunk no worker has claimed yet (``claim: 0 -> 2``)
+and runs it itself; it waits only for chunks a worker is running. A worker that is slow to wake (a futex
+wake-up on a virtual machine, or a core held by another library's spinning threads, such as OpenBLAS's
+right after a numpy call) then costs nothing: the caller does the work, as one thread would. A caller posts
+to a slot only when its worker has acknowledged the previous job (``done == gen``; a worker whose chunk was
+stolen still acknowledges it), else it runs that chunk itself, so a slot is never rewritten under a worker.
 
 One caller at a time owns the pool (``busy``, taken with ``cmpxchg``): a second caller — another Python
 thread calling a kernel, with the GIL released — runs its chunks one after another on its own thread.
@@ -48,8 +55,8 @@ SPIN_ITERATIONS = 1 << 16
 _SYS_FUTEX = 202  # x86-64 Linux
 _FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
 
-SLOT = ir.LiteralStructType([I32, I32, PTR, PTR, ir.ArrayType(I8, 40), I32, ir.ArrayType(I8, 60)])
-_GEN, _SLEEPING, _CHUNK, _CONTEXT, _DONE = 0, 1, 2, 3, 5
+SLOT = ir.LiteralStructType([I32, I32, PTR, PTR, I32, ir.ArrayType(I8, 36), I32, ir.ArrayType(I8, 60)])
+_GEN, _SLEEPING, _CHUNK, _CONTEXT, _CLAIM, _DONE = 0, 1, 2, 3, 4, 6
 _CHUNK_FN = ir.FunctionType(PTR, [PTR])
 
 
@@ -143,12 +150,14 @@ def _worker(module, field, relax, futex) -> ir.Function:
     seen.add_incoming(seen, b.block)
     b.branch(wait)
 
-    b.position_at_end(run)
-    chunk = b.load(field(b, slot, _CHUNK), typ=_CHUNK_FN.as_pointer())  # typed: llvmlite calls through it
-    context = b.load(field(b, slot, _CONTEXT), typ=PTR)
-    b.call(chunk, [context])
+    b.position_at_end(run)  # claim the chunk (the caller may have stolen it), run it, acknowledge the job
+    claimed = b.cmpxchg(field(b, slot, _CLAIM), ir.Constant(I32, 0), ir.Constant(I32, 1), "acq_rel", "acquire")
+    with b.if_then(b.extract_value(claimed, 1)):
+        chunk = b.load(field(b, slot, _CHUNK), typ=_CHUNK_FN.as_pointer())  # typed: llvmlite calls through it
+        context = b.load(field(b, slot, _CONTEXT), typ=PTR)
+        b.call(chunk, [context])
     _store(b, gen, field(b, slot, _DONE), "release")
-    seen.add_incoming(gen, run)
+    seen.add_incoming(gen, b.block)
     b.branch(wait)
     return fn
 
@@ -241,19 +250,47 @@ def _parallel_run(module, state, slots_ty, slot_at, field, relax, futex, worker)
         bb.branch(h)
         bb.position_at_end(dn)
 
+    # per worker: 0 = its chunk runs here, 1 = posted to it, 2 = posted, then stolen back and run here
+    posted = b.alloca(ir.ArrayType(I8, MAX_WORKERS), name="posted")
+    posted.type = PTR
+
+    def state_of(bb: ir.IRBuilder, w: ir.Value) -> ir.Value:
+        return bb.gep(posted, [zero, w], inbounds=True, source_etype=ir.ArrayType(I8, MAX_WORKERS))
+
+    def run_here(bb: ir.IRBuilder, w: ir.Value) -> None:
+        bb.call(chunk, [context_at(bb, bb.add(w, one))])
+
     def post(bb: ir.IRBuilder, w: ir.Value, slot: ir.Value) -> None:
-        bb.store(chunk, field(bb, slot, _CHUNK))
-        bb.store(context_at(bb, bb.add(w, one)), field(bb, slot, _CONTEXT))
-        gen = bb.add(bb.load(field(bb, slot, _GEN), typ=I32), ir.Constant(I32, 1))
-        _store(bb, gen, field(bb, slot, _GEN), "seq_cst")
-        asleep = bb.load_atomic(field(bb, slot, _SLEEPING), "seq_cst", 4, typ=I32)
-        with bb.if_then(bb.icmp_unsigned("!=", asleep, ir.Constant(I32, 0))):
-            futex(bb, field(bb, slot, _GEN), _FUTEX_WAKE_PRIVATE, ir.Constant(I32, 1))
+        gen = bb.load(field(bb, slot, _GEN), typ=I32)
+        idle = bb.icmp_unsigned("==", bb.load_atomic(field(bb, slot, _DONE), "acquire", 4, typ=I32), gen)
+        bb.store(ir.Constant(I8, 0), state_of(bb, w))
+        with bb.if_then(idle):  # the worker acknowledged its last job: the slot is ours to write
+            bb.store(chunk, field(bb, slot, _CHUNK))
+            bb.store(context_at(bb, bb.add(w, one)), field(bb, slot, _CONTEXT))
+            bb.store(ir.Constant(I32, 0), field(bb, slot, _CLAIM))
+            _store(bb, bb.add(gen, ir.Constant(I32, 1)), field(bb, slot, _GEN), "seq_cst")
+            asleep = bb.load_atomic(field(bb, slot, _SLEEPING), "seq_cst", 4, typ=I32)
+            with bb.if_then(bb.icmp_unsigned("!=", asleep, ir.Constant(I32, 0))):
+                futex(bb, field(bb, slot, _GEN), _FUTEX_WAKE_PRIVATE, ir.Constant(I32, 1))
+            bb.store(ir.Constant(I8, 1), state_of(bb, w))
+
+    def unposted(bb: ir.IRBuilder, w: ir.Value, slot: ir.Value) -> None:
+        with bb.if_then(bb.icmp_unsigned("==", bb.load(state_of(bb, w), typ=I8), ir.Constant(I8, 0))):
+            run_here(bb, w)
+
+    def steal(bb: ir.IRBuilder, w: ir.Value, slot: ir.Value) -> None:
+        with bb.if_then(bb.icmp_unsigned("==", bb.load(state_of(bb, w), typ=I8), ir.Constant(I8, 1))):
+            taken = bb.cmpxchg(field(bb, slot, _CLAIM), ir.Constant(I32, 0), ir.Constant(I32, 2), "acq_rel",
+                               "acquire")
+            with bb.if_then(bb.extract_value(taken, 1)):
+                bb.store(ir.Constant(I8, 2), state_of(bb, w))
+                run_here(bb, w)
 
     def join(bb: ir.IRBuilder, w: ir.Value, slot: ir.Value) -> None:
-        gen = bb.load(field(bb, slot, _GEN), typ=I32)
         h, wait, dn = (bb.append_basic_block(f"join.{x}") for x in ("check", "wait", "done"))
-        bb.branch(h)
+        running = bb.icmp_unsigned("==", bb.load(state_of(bb, w), typ=I8), ir.Constant(I8, 1))
+        gen = bb.load(field(bb, slot, _GEN), typ=I32)
+        bb.cbranch(running, h, dn)
         bb.position_at_end(h)
         finished = bb.load_atomic(field(bb, slot, _DONE), "acquire", 4, typ=I32)
         bb.cbranch(bb.icmp_unsigned("==", finished, gen), dn, wait)
@@ -264,8 +301,10 @@ def _parallel_run(module, state, slots_ty, slot_at, field, relax, futex, worker)
 
     each_worker(b, "post", post)
     b.call(chunk, [contexts])  # chunk 0 here,
-    serial(b, b.add(workers, one))  # and any chunk no worker took
-    each_worker(b, "join", join)
+    each_worker(b, "unposted", unposted)  # the chunks of workers still busy acknowledging an older job,
+    serial(b, b.add(workers, one))  # any chunk beyond the workers,
+    each_worker(b, "steal", steal)  # every posted chunk no worker has claimed yet,
+    each_worker(b, "join", join)  # and wait for the ones workers run
     _store(b, ir.Constant(I32, 0), state["busy"], "release")
     b.ret_void()
     return fn
