@@ -131,3 +131,34 @@ def test_parallel_calls_finish_and_match_while_other_processes_hold_the_cores():
         for hog in hogs:
             hog.kill()
             hog.wait()
+
+
+def _allowed_cpus_of_threads() -> list[set[int]]:
+    import os
+
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/status") as f:
+                line = next(line for line in f if line.startswith("Cpus_allowed_list:"))
+        except (OSError, StopIteration):  # the thread ended meanwhile
+            continue
+        cpus = set()
+        for part in line.split(":", 1)[1].strip().split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        found.append(cpus)
+    return found
+
+
+def test_workers_are_kept_off_the_callers_cpu():
+    import os
+
+    compiled, x, w, expected = _scale_case()
+    np.testing.assert_allclose(compiled(x, w), expected, rtol=1e-4, atol=1e-3)
+    allowed = os.sched_getaffinity(0)
+    narrowed = [cpus for cpus in _allowed_cpus_of_threads() if cpus < allowed]
+    if len(allowed) >= 2:  # the worker may run anywhere but where its caller last ran
+        assert any(len(cpus) == len(allowed) - 1 for cpus in narrowed), narrowed
+    else:  # one CPU: nothing to move the worker to, so it keeps the process's set
+        assert not narrowed

@@ -11,7 +11,7 @@ waiting worker well under 1 us, so the workers are created once, on first use, a
 
 Each worker owns one 128-byte slot (its own cache lines: no false sharing between workers)::
 
-    { i32 gen, i32 sleeping, ptr chunk, ptr context, i32 claim, [36 x i8], i32 done, [60 x i8] }
+    { i32 gen, i32 sleeping, ptr chunk, ptr context, i32 claim, i32, i64 thread, [24 x i8], i32 done, [60 x i8] }
 
 The caller writes ``chunk`` and ``context``, clears ``claim``, then bumps ``gen`` (sequentially
 consistent); the worker, spinning on ``gen`` with ``pause``, takes the chunk by ``claim: 0 -> 1``
@@ -26,6 +26,12 @@ wake-up on a virtual machine, or a core held by another library's spinning threa
 right after a numpy call) then costs nothing: the caller does the work, as one thread would. A caller posts
 to a slot only when its worker has acknowledged the previous job (``done == gen``; a worker whose chunk was
 stolen still acknowledges it), else it runs that chunk itself, so a slot is never rewritten under a worker.
+
+Before posting, the caller keeps the workers off its own CPU (``pthread_setaffinity_np`` with the
+process's CPUs minus the caller's, redone only when the caller's CPU changes; nothing when the process has
+one CPU). Without it the guest scheduler of a small VM was seen leaving a worker woken from futex on the
+caller's CPU for many milliseconds while the other CPU idled: two threads ran at one thread's speed in a
+quarter to a half of the calls that followed a pause.
 
 One caller at a time owns the pool (``busy``, taken with ``cmpxchg``): a second caller — another Python
 thread calling a kernel, with the GIL released — runs its chunks one after another on its own thread.
@@ -55,8 +61,11 @@ SPIN_ITERATIONS = 1 << 16
 _SYS_FUTEX = 202  # x86-64 Linux
 _FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
 
-SLOT = ir.LiteralStructType([I32, I32, PTR, PTR, I32, ir.ArrayType(I8, 36), I32, ir.ArrayType(I8, 60)])
-_GEN, _SLEEPING, _CHUNK, _CONTEXT, _CLAIM, _DONE = 0, 1, 2, 3, 4, 6
+SLOT = ir.LiteralStructType([I32, I32, PTR, PTR, I32, I32, I64, ir.ArrayType(I8, 24), I32, ir.ArrayType(I8, 60)])
+_GEN, _SLEEPING, _CHUNK, _CONTEXT, _CLAIM, _TID, _DONE = 0, 1, 2, 3, 4, 6, 8
+
+#: ``cpu_set_t`` as glibc defines it: 1024 bits.
+_CPU_SET = ir.ArrayType(I64, 16)
 _CHUNK_FN = ir.FunctionType(PTR, [PTR])
 
 
@@ -85,9 +94,9 @@ def pool_module(triple: str) -> ir.Module:
     slots.linkage, slots.align = "internal", 128
     slots.type = PTR  # opaque, as everywhere else (llvmlite types globals as T*)
     state = {"slots": slots}
-    for name, ty in (("workers", I64), ("busy", I32), ("pid", I32)):
+    for name, ty in (("workers", I64), ("busy", I32), ("pid", I32), ("caller_cpu", I32), ("allowed", _CPU_SET)):
         g = ir.GlobalVariable(module, ty, f"polyc.pool.{name}")
-        g.initializer = ir.Constant(ty, 0)
+        g.initializer = ir.Constant(ty, None)
         g.linkage, g.align = "internal", 64
         g.type = PTR
         state[name] = g
@@ -172,9 +181,14 @@ def _parallel_run(module, state, slots_ty, slot_at, field, relax, futex, worker)
     create = X.declare(module, "pthread_create", ir.FunctionType(I32, [PTR, PTR, PTR, PTR]))
     detach = X.declare(module, "pthread_detach", ir.FunctionType(I32, [I64]))
     getpid = X.declare(module, "getpid", ir.FunctionType(I32, []))
+    getcpu = X.declare(module, "sched_getcpu", ir.FunctionType(I32, []))
+    getaffinity = X.declare(module, "sched_getaffinity", ir.FunctionType(I32, [I32, I64, PTR]))
+    setaffinity = X.declare(module, "pthread_setaffinity_np", ir.FunctionType(I32, [I64, I64, PTR]))
     entry = fn.append_basic_block("entry")
     b = ir.IRBuilder(entry)
     tid = b.alloca(I64, name="tid")
+    mask = b.alloca(_CPU_SET, name="mask")
+    mask.type = PTR
     one, zero = ir.Constant(I64, 1), ir.Constant(I64, 0)
 
     def context_at(bb: ir.IRBuilder, i: ir.Value) -> ir.Value:
@@ -195,6 +209,23 @@ def _parallel_run(module, state, slots_ty, slot_at, field, relax, futex, worker)
         bb.branch(head)
         bb.position_at_end(done)
 
+    def each_worker(bb: ir.IRBuilder, what: str, emit) -> None:
+        each_worker_upto(bb, what, emit, workers)
+
+    def each_worker_upto(bb: ir.IRBuilder, what: str, emit, count: ir.Value) -> None:
+        h, bd, dn = (bb.append_basic_block(f"{what}.{x}") for x in ("head", "body", "done"))
+        pre = bb.block
+        bb.branch(h)
+        bb.position_at_end(h)
+        w = bb.phi(I64, "w")
+        w.add_incoming(zero, pre)
+        bb.cbranch(bb.icmp_signed("<", w, count), bd, dn)
+        bb.position_at_end(bd)
+        emit(bb, w, slot_at(bb, w))
+        w.add_incoming(bb.add(w, one), bb.block)
+        bb.branch(h)
+        bb.position_at_end(dn)
+
     alone = fn.append_basic_block("alone")
     claim = fn.append_basic_block("claim")
     pooled = fn.append_basic_block("pooled")
@@ -214,6 +245,9 @@ def _parallel_run(module, state, slots_ty, slot_at, field, relax, futex, worker)
         b.store(ir.Constant(slots_ty, None), state["slots"])
         b.store(zero, state["workers"])
         b.store(pid, state["pid"])
+        with b.if_then(b.icmp_signed("!=", b.call(getaffinity, [ir.Constant(I32, 0), ir.Constant(I64, 128),
+                                                                state["allowed"]]), ir.Constant(I32, 0))):
+            b.store(ir.Constant(_CPU_SET, None), state["allowed"])  # unknown: never restrict the workers
     want = b.sub(n, one)
     want = b.select(b.icmp_signed("<", want, ir.Constant(I64, MAX_WORKERS)), want, ir.Constant(I64, MAX_WORKERS))
 
@@ -229,26 +263,37 @@ def _parallel_run(module, state, slots_ty, slot_at, field, relax, futex, worker)
     b.cbranch(b.icmp_signed("==", rc, ir.Constant(I32, 0)), created, made)
     b.position_at_end(created)
     b.call(detach, [b.load(tid, typ=I64)])
+    b.store(b.load(tid, typ=I64), field(b, slot_at(b, have), _TID))
     b.store(b.add(have, one), state["workers"])
+    b.store(ir.Constant(I32, -1), state["caller_cpu"])  # the new worker's affinity is set below
     b.branch(head)
 
     b.position_at_end(made)
     have = b.load(state["workers"], typ=I64)
     workers = b.select(b.icmp_signed("<", have, want), have, want)
 
-    def each_worker(bb: ir.IRBuilder, what: str, emit) -> None:
-        h, bd, dn = (bb.append_basic_block(f"{what}.{x}") for x in ("head", "body", "done"))
-        pre = bb.block
-        bb.branch(h)
-        bb.position_at_end(h)
-        w = bb.phi(I64, "w")
-        w.add_incoming(zero, pre)
-        bb.cbranch(bb.icmp_signed("<", w, workers), bd, dn)
-        bb.position_at_end(bd)
-        emit(bb, w, slot_at(bb, w))
-        w.add_incoming(bb.add(w, one), bb.block)
-        bb.branch(h)
-        bb.position_at_end(dn)
+    # keep the workers off the caller's CPU: the guest scheduler of a small VM can leave a waking worker
+    # beside the caller for many milliseconds while another CPU idles (seen on 2 vCPUs: 2 threads at 1-thread
+    # speed). One pthread_setaffinity_np per worker, only when the caller's CPU changed since last time.
+    cpu = b.call(getcpu, [])
+    moved = b.and_(b.icmp_signed(">=", cpu, ir.Constant(I32, 0)),
+                   b.icmp_signed("!=", cpu, b.load(state["caller_cpu"], typ=I32)))
+    with b.if_then(moved):
+        b.store(cpu, state["caller_cpu"])
+        word = b.lshr(b.zext(cpu, I64), ir.Constant(I64, 6))
+        bit = b.shl(one, b.and_(b.zext(cpu, I64), ir.Constant(I64, 63)))
+        b.store(b.load(state["allowed"], typ=_CPU_SET), mask)
+        word_at = b.gep(mask, [zero, word], source_etype=_CPU_SET)
+        others = b.and_(b.load(word_at, typ=I64), b.not_(bit))
+        b.store(others, word_at)
+        any_other = b.icmp_unsigned("!=", others, zero)
+        for k in range(16):  # another allowed CPU in any word?
+            any_other = b.or_(any_other, b.icmp_unsigned(
+                "!=", b.load(b.gep(mask, [zero, ir.Constant(I64, k)], source_etype=_CPU_SET), typ=I64), zero))
+        with b.if_then(b.and_(b.icmp_unsigned("<", word, ir.Constant(I64, 16)), any_other)):
+            def pin(bb: ir.IRBuilder, w: ir.Value, slot: ir.Value) -> None:
+                bb.call(setaffinity, [bb.load(field(bb, slot, _TID), typ=I64), ir.Constant(I64, 128), mask])
+            each_worker_upto(b, "pin", pin, have)
 
     # per worker: 0 = its chunk runs here, 1 = posted to it, 2 = posted, then stolen back and run here
     posted = b.alloca(ir.ArrayType(I8, MAX_WORKERS), name="posted")
