@@ -16,6 +16,7 @@ from polyc.options import Options
 from polyc.poly.build import build_scop
 from polyc.poly.deps import compute_dependences
 from polyc.poly.schedule import compute_schedule, read_after_read
+from polyc.poly.transforms import bands
 from polyc.poly.verify import check_schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,21 +31,6 @@ def scop_of(source: str, name: str, **sizes):
     program = parse(source)
     defn = next(d for d in program.defs if d.name == name)
     return build_scop(check_def(defn, source), sizes)
-
-
-def outermost_bands(schedule: isl.Schedule) -> list[isl.ScheduleNode]:
-    """The first band on every path from the root."""
-    found = []
-
-    def visit(node):
-        if node.get_type() == isl.schedule_node_type.band:
-            found.append(node)
-            return
-        for k in range(node.n_children()):
-            visit(node.child(k))
-
-    visit(schedule.get_root())
-    return found
 
 
 def statements_of(node: isl.ScheduleNode) -> set[str]:
@@ -81,11 +67,11 @@ def test_rar_fuses_independent_readers_of_one_input():
     deps = compute_dependences(scop)
     assert read_after_read(scop, deps).is_equal(
         isl.UnionMap("{ S0[i, j] -> S1[i, j] : 0 <= i < 5 and 0 <= j < 7 }"))
-    apart = outermost_bands(compute_schedule(scop, deps, Options()))
+    apart = bands(compute_schedule(scop, deps, Options()))
     assert sorted(statements_of(b) == {"S0", "S1"} for b in apart) == [False, False]
     fused = compute_schedule(scop, deps, Options(rar=True))
     check_schedule(fused, scop, deps, "rar")
-    (band,) = outermost_bands(fused)
+    (band,) = bands(fused)
     assert statements_of(band) == {"S0", "S1"}
     assert [band.band_member_get_coincident(k) for k in range(band.band_n_member())] == [True, True]
 
@@ -98,9 +84,9 @@ def test_rar_never_costs_parallelism(name, sizes):
     deps = compute_dependences(scop)
     schedule = compute_schedule(scop, deps, Options(rar=True))
     check_schedule(schedule, scop, deps, "rar")
-    bands = outermost_bands(schedule)
-    assert set().union(*(statements_of(b) for b in bands)) == {"S0", "S1", "S2", "S3"}
-    assert all(b.band_member_get_coincident(0) for b in bands)
+    outer = bands(schedule)
+    assert set().union(*(statements_of(b) for b in outer)) == {"S0", "S1", "S2", "S3"}
+    assert all(b.band_member_get_coincident(0) for b in outer)
 
 
 def test_rar_option_round_trips():

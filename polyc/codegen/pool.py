@@ -194,37 +194,30 @@ def _parallel_run(module, state, slots_ty, slot_at, field, relax, futex, worker)
     def context_at(bb: ir.IRBuilder, i: ir.Value) -> ir.Value:
         return bb.gep(contexts, [bb.mul(i, size)], source_etype=I8)
 
-    def serial(bb: ir.IRBuilder, lo: ir.Value) -> None:
-        """Run chunks ``lo .. n-1`` here, one after another."""
-        head, body, done = (bb.append_basic_block(x) for x in ("serial.head", "serial.body", "serial.done"))
+    def count(bb: ir.IRBuilder, name: str, lo: ir.Value, hi: ir.Value, emit) -> None:
+        """``for (i = lo; i < hi; i++) emit(bb, i)``, continuing after the loop."""
+        head, body, done = (bb.append_basic_block(f"{name}.{x}") for x in ("head", "body", "done"))
         pre = bb.block
         bb.branch(head)
         bb.position_at_end(head)
         i = bb.phi(I64, "i")
         i.add_incoming(lo, pre)
-        bb.cbranch(bb.icmp_signed("<", i, n), body, done)
+        bb.cbranch(bb.icmp_signed("<", i, hi), body, done)
         bb.position_at_end(body)
-        bb.call(chunk, [context_at(bb, i)])
+        emit(bb, i)
         i.add_incoming(bb.add(i, one), bb.block)
         bb.branch(head)
         bb.position_at_end(done)
 
+    def serial(bb: ir.IRBuilder, lo: ir.Value) -> None:
+        """Run chunks ``lo .. n-1`` here, one after another."""
+        count(bb, "serial", lo, n, lambda b_, i: b_.call(chunk, [context_at(b_, i)]))
+
     def each_worker(bb: ir.IRBuilder, what: str, emit) -> None:
         each_worker_upto(bb, what, emit, workers)
 
-    def each_worker_upto(bb: ir.IRBuilder, what: str, emit, count: ir.Value) -> None:
-        h, bd, dn = (bb.append_basic_block(f"{what}.{x}") for x in ("head", "body", "done"))
-        pre = bb.block
-        bb.branch(h)
-        bb.position_at_end(h)
-        w = bb.phi(I64, "w")
-        w.add_incoming(zero, pre)
-        bb.cbranch(bb.icmp_signed("<", w, count), bd, dn)
-        bb.position_at_end(bd)
-        emit(bb, w, slot_at(bb, w))
-        w.add_incoming(bb.add(w, one), bb.block)
-        bb.branch(h)
-        bb.position_at_end(dn)
+    def each_worker_upto(bb: ir.IRBuilder, what: str, emit, upto: ir.Value) -> None:
+        count(bb, what, zero, upto, lambda b_, w: emit(b_, w, slot_at(b_, w)))
 
     alone = fn.append_basic_block("alone")
     claim = fn.append_basic_block("claim")
