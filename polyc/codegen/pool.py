@@ -189,6 +189,8 @@ def _parallel_run(module, state, slots_ty, slot_at, field, relax, futex, worker)
     tid = b.alloca(I64, name="tid")
     mask = b.alloca(_CPU_SET, name="mask")
     mask.type = PTR
+    posted = b.alloca(ir.ArrayType(I8, MAX_WORKERS), name="posted")
+    posted.type = PTR
     one, zero = ir.Constant(I64, 1), ir.Constant(I64, 0)
 
     def context_at(bb: ir.IRBuilder, i: ir.Value) -> ir.Value:
@@ -269,28 +271,26 @@ def _parallel_run(module, state, slots_ty, slot_at, field, relax, futex, worker)
     # beside the caller for many milliseconds while another CPU idles (seen on 2 vCPUs: 2 threads at 1-thread
     # speed). One pthread_setaffinity_np per worker, only when the caller's CPU changed since last time.
     cpu = b.call(getcpu, [])
-    moved = b.and_(b.icmp_signed(">=", cpu, ir.Constant(I32, 0)),
-                   b.icmp_signed("!=", cpu, b.load(state["caller_cpu"], typ=I32)))
+    known = b.icmp_unsigned("<", cpu, ir.Constant(I32, 64 * _CPU_SET.count))  # -1 (unknown) is huge unsigned
+    moved = b.and_(known, b.icmp_signed("!=", cpu, b.load(state["caller_cpu"], typ=I32)))
     with b.if_then(moved):
         b.store(cpu, state["caller_cpu"])
         word = b.lshr(b.zext(cpu, I64), ir.Constant(I64, 6))
         bit = b.shl(one, b.and_(b.zext(cpu, I64), ir.Constant(I64, 63)))
         b.store(b.load(state["allowed"], typ=_CPU_SET), mask)
         word_at = b.gep(mask, [zero, word], source_etype=_CPU_SET)
-        others = b.and_(b.load(word_at, typ=I64), b.not_(bit))
-        b.store(others, word_at)
-        any_other = b.icmp_unsigned("!=", others, zero)
-        for k in range(16):  # another allowed CPU in any word?
+        b.store(b.and_(b.load(word_at, typ=I64), b.not_(bit)), word_at)
+        any_other = ir.Constant(ir.IntType(1), 0)
+        for k in range(_CPU_SET.count):  # another allowed CPU in any word?
             any_other = b.or_(any_other, b.icmp_unsigned(
                 "!=", b.load(b.gep(mask, [zero, ir.Constant(I64, k)], source_etype=_CPU_SET), typ=I64), zero))
-        with b.if_then(b.and_(b.icmp_unsigned("<", word, ir.Constant(I64, 16)), any_other)):
+        with b.if_then(any_other):
             def pin(bb: ir.IRBuilder, w: ir.Value, slot: ir.Value) -> None:
                 bb.call(setaffinity, [bb.load(field(bb, slot, _TID), typ=I64), ir.Constant(I64, 128), mask])
             each_worker_upto(b, "pin", pin, have)
 
-    # per worker: 0 = its chunk runs here, 1 = posted to it, 2 = posted, then stolen back and run here
-    posted = b.alloca(ir.ArrayType(I8, MAX_WORKERS), name="posted")
-    posted.type = PTR
+    # per worker (`posted`, in the entry block): 0 = its chunk runs here, 1 = posted to it, 2 = posted, then
+    # stolen back and run here
 
     def state_of(bb: ir.IRBuilder, w: ir.Value) -> ir.Value:
         return bb.gep(posted, [zero, w], inbounds=True, source_etype=ir.ArrayType(I8, MAX_WORKERS))

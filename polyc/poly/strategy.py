@@ -200,18 +200,17 @@ def streams_rows(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop, v: int
     registers, and the register tile's point loops ``[R, v-block]`` would walk such a read down a column
     of short blocks, a new page each step; with ``v`` innermost and the reductions outside it, each step
     reads a contiguous row segment of the tile instead (the accumulated output segment stays in L1)."""
-    v_index = member_index(node, v, stmt)
-    strides = access_strides(stmt, scop, v_index)[1]
+    strides = access_strides(stmt, scop, member_index(node, v, stmt))[1]
     loaded = [a for a, st in zip(_reads(stmt.rhs), strides) if st]
-    for k in R:
-        index = member_index(node, k, stmt)
-        if index is None:
-            continue
-        for read in loaded:
-            jump = element_stride(read.args, scop.tensor(read.tensor).shape, index, stmt.indices, scop.sizes)
-            if jump is not None and abs(jump) * _itemsize(scop.tensor(read.tensor).dtype) >= PACK_MIN_ROW_BYTES:
-                return True
-    return False
+    reductions = [i for i in (member_index(node, k, stmt) for k in R) if i is not None]
+    return any(jump_bytes(read, reductions, stmt, scop) >= PACK_MIN_ROW_BYTES for read in loaded)
+
+
+def jump_bytes(read: L.Access, indices, stmt: PolyStatement, scop: Scop) -> int:
+    """The largest distance in bytes that one step of any of ``indices`` moves ``read`` (0: none affine)."""
+    tensor = scop.tensor(read.tensor)
+    return max((abs(element_stride(read.args, tensor.shape, i, stmt.indices, scop.sizes) or 0) for i in indices),
+               default=0) * _itemsize(tensor.dtype)
 
 
 # ---- steps 2-5 ----------------------------------------------------------------------------------------
@@ -371,9 +370,7 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
         if (tensor.name in written or len(names) < 2 or None in names or len(set(names)) != len(names)
                 or names[-1] != v_index or u_index in names or all(n in stmt.lhs for n in names)):
             continue
-        jump = max(element_stride(read.args, tensor.shape, i, stmt.indices, scop.sizes) or 0
-                   for i in names if i not in stmt.lhs)
-        if not force and jump * _itemsize(tensor.dtype) < PACK_MIN_ROW_BYTES:
+        if not force and jump_bytes(read, [i for i in names if i not in stmt.lhs], stmt, scop) < PACK_MIN_ROW_BYTES:
             continue
         return Packing(stmt.name, read, v_index, nr)
     return None
@@ -426,9 +423,9 @@ def choose_reduction_member(node: isl.ScheduleNode, stmt: PolyStatement, scop: S
 
 
 def _vector_innermost(point: isl.ScheduleNode) -> isl.ScheduleNode:
-    """Mark the last member of the point band ``vector`` (a reduction along it, or a streamed row). When statements branch
-    below (an initialisation beside the reduction), the member is first sunk into each statement
-    (``band_sink``) so the marked loop holds the reduction alone."""
+    """Mark the last member of the point band ``vector`` (a reduction along it, or a streamed row). When
+    statements branch below (an initialisation beside the reduction), the member is first sunk into each
+    statement (``band_sink``) so the marked loop holds the reduction alone."""
     if point.band_n_member() > 1:
         point = band_split(point, point.band_n_member() - 1).child(0)
     path = path_of(point)
