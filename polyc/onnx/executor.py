@@ -1,4 +1,4 @@
-"""Running a compiled model: the kernels in group order over one arena.
+"""Running a compiled model: the kernels in group order over one arena (one per concurrent run).
 
 :class:`Program` is what the compiler hands to an executor: the steps (one kernel per kernel group, specialised
 on its shapes, with the ONNX names of its arguments), the memory plan, the constants and the graph's inputs
@@ -10,7 +10,9 @@ on the same :class:`Program`; :func:`make_executor` is the one place that picks 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,6 +66,46 @@ class Program:
     outputs: tuple
 
 
+class ArenaPool:
+    """Workspaces (an arena and whatever an executor derives from it) for concurrent runs.
+
+    ``lease()`` is a context manager yielding a workspace no other run is using: an idle one when there is
+    one, else a new one made by ``make()``. On exit the workspace goes back to the pool; at most ``keep``
+    idle workspaces are kept (the extra ones are freed), so memory grows only with the number of runs that
+    were really concurrent. One run at a time costs one workspace, as before.
+    """
+
+    def __init__(self, make, keep: int = 4):
+        self._make = make
+        self._keep = keep
+        self._idle = [make()]
+        self._lock = threading.Lock()
+        self.created = 1
+
+    @contextmanager
+    def lease(self):
+        with self._lock:
+            workspace = self._idle.pop() if self._idle else None
+            if workspace is None:
+                self.created += 1
+        if workspace is None:
+            workspace = self._make()
+        try:
+            yield workspace
+        finally:
+            with self._lock:
+                if len(self._idle) < self._keep:
+                    self._idle.append(workspace)
+
+
+def new_arena(plan: MemoryPlan) -> np.ndarray:
+    """A zeroed, 64-byte-aligned arena of ``plan.arena_bytes`` bytes (at least 64)."""
+    nbytes = max(plan.arena_bytes, 64)
+    raw = np.zeros(nbytes + 64, dtype=np.uint8)
+    start = (-raw.ctypes.data) % 64
+    return raw[start:start + nbytes]
+
+
 def scratch_name(group: str, k: int) -> str:
     """The arena name of temporary ``k`` of the kernel of ``group`` (a tensor its def does not return)."""
     return f"{group}/scratch{k}"
@@ -73,20 +115,15 @@ class PythonExecutor:
     """Calls each kernel from Python in order; intermediates and the kernels' temporaries live in one
     preallocated arena.
 
-    Not reentrant: one ``run`` at a time per executor (the arena and the kernels' temporaries are shared).
+    Thread-safe: concurrent ``run`` calls each take their own arena from an :class:`ArenaPool` (a new one is
+    allocated when every arena is in use), so they never share intermediates or temporaries.
     """
 
     def __init__(self, program: Program, progress: bool = False):
         """JIT-compile each distinct kernel of ``program`` (see :attr:`Step.compiled`; a tqdm bar with
         ``progress``) and lay out the arena. ``compile_seconds`` maps a def's source to its JIT seconds."""
         self.program = program
-        self.arena = np.zeros(max(program.plan.arena_bytes, 64), dtype=np.uint8)
-        self.views = {}
-        plan = program.plan
-        for name, offset in plan.offsets.items():
-            self.views[name] = self._view(name, offset)
-        self.temps = {step.group: [self.views[scratch_name(step.group, k)] for k in range(len(step.temps))]
-                      for step in program.steps}
+        self.arenas = ArenaPool(self._workspace)
         self.constants = {k: np.ascontiguousarray(v) for k, v in program.constants.items()}
         self.compile_seconds = {}
         steps = program.steps
@@ -100,16 +137,23 @@ class PythonExecutor:
             source = step.kernel.source
             self.compile_seconds[source] = self.compile_seconds.get(source, 0.0) + time.perf_counter() - t
 
-    def _view(self, name: str, offset: int) -> np.ndarray:
-        info = self.program.tensors[name]
-        dtype = np.dtype(info.dtype)
-        count = int(np.prod(info.shape, dtype=np.int64))
-        return self.arena[offset:offset + count * dtype.itemsize].view(dtype).reshape(info.shape)
+    def _workspace(self) -> dict:
+        """A fresh arena's views: ``{"views": root tensor -> array, "temps": group -> [arrays]}``."""
+        arena = new_arena(self.program.plan)
+        views = {}
+        for name, offset in self.program.plan.offsets.items():
+            info = self.program.tensors[name]
+            dtype = np.dtype(info.dtype)
+            count = int(np.prod(info.shape, dtype=np.int64))
+            views[name] = arena[offset:offset + count * dtype.itemsize].view(dtype).reshape(info.shape)
+        temps = {step.group: [views[scratch_name(step.group, k)] for k in range(len(step.temps))]
+                 for step in self.program.steps}
+        return {"arena": arena, "views": views, "temps": temps}
 
-    def _array(self, name: str, feeds: dict) -> np.ndarray:
+    def _array(self, name: str, feeds: dict, views: dict) -> np.ndarray:
         root = self.program.plan.root(name)
-        if root in self.views:
-            base = self.views[root]
+        if root in views:
+            base = views[root]
         elif root in feeds:
             base = feeds[root]
         elif root in self.constants:
@@ -122,24 +166,27 @@ class PythonExecutor:
     def run(self, feeds: dict, profile: dict | None = None) -> list:
         """Run every step; ``feeds`` are checked, C-contiguous arrays keyed by input name.
 
-        With a ``profile`` dict, each step's seconds are added under its group name.
+        With a ``profile`` dict, each step's seconds are added under its group name. Safe to call from
+        several threads at once (each run leases its own arena).
         """
-        for step in self.program.steps:
-            args = [self._array(t, feeds) for t in step.inputs]
-            outs = [self._array(t, feeds) for t in step.outputs]
-            pointers = [a.ctypes.data for a in args] + [o.ctypes.data for o in outs] + \
-                [t.ctypes.data for t in self.temps[step.group]]
-            compiled = self.compiled[step.group]
-            if profile is None:
-                compiled.run_pointers(pointers)
-            else:
-                t = time.perf_counter()
-                compiled.run_pointers(pointers)
-                profile[step.group] = profile.get(step.group, 0.0) + time.perf_counter() - t
-        results = []
-        for name in self.program.outputs:
-            value = self._array(name, feeds)
-            results.append(np.array(value, copy=True).reshape(self.program.tensors[name].shape))
+        with self.arenas.lease() as ws:
+            views, temps = ws["views"], ws["temps"]
+            for step in self.program.steps:
+                args = [self._array(t, feeds, views) for t in step.inputs]
+                outs = [self._array(t, feeds, views) for t in step.outputs]
+                pointers = [a.ctypes.data for a in args] + [o.ctypes.data for o in outs] + \
+                    [t.ctypes.data for t in temps[step.group]]
+                compiled = self.compiled[step.group]
+                if profile is None:
+                    compiled.run_pointers(pointers)
+                else:
+                    t = time.perf_counter()
+                    compiled.run_pointers(pointers)
+                    profile[step.group] = profile.get(step.group, 0.0) + time.perf_counter() - t
+            results = []
+            for name in self.program.outputs:
+                value = self._array(name, feeds, views)
+                results.append(np.array(value, copy=True).reshape(self.program.tensors[name].shape))
         return results
 
 

@@ -18,11 +18,14 @@ import numpy as np
 
 from ..errors import CompileError, PolycError
 from ..kernel import KernelCall, link_program
-from .executor import Program, scratch_name
+from .executor import ArenaPool, Program, new_arena, scratch_name
 
 
 class NativeExecutor:
-    """Runs a :class:`Program` as one native call (see the module docstring). Not reentrant.
+    """Runs a :class:`Program` as one native call (see the module docstring).
+
+    Thread-safe: concurrent ``run`` calls each lease their own arena from an :class:`ArenaPool` (allocated
+    when all are in use; a few idle ones are kept), as onnxruntime's ``Run`` may be called concurrently.
 
     ``compile_seconds`` maps a def's source to the seconds spent lowering it into the module (empty when
     the module came from the disk cache); ``link_seconds`` is the whole link, LLVM included.
@@ -33,7 +36,7 @@ class NativeExecutor:
         CompileError naming the kernel and its group(s) when a kernel fails to compile."""
         self.program = program
         plan = program.plan
-        self.arena = np.zeros(max(plan.arena_bytes, 64), dtype=np.uint8)
+        self.arenas = ArenaPool(lambda: new_arena(plan))
         self.constants = {k: np.ascontiguousarray(v) for k, v in program.constants.items()}
         self.input_slots = {n: 1 + i for i, n in enumerate(program.inputs)}
         self.constant_names = sorted(self.constants)
@@ -96,24 +99,22 @@ class NativeExecutor:
         ``profile`` (per-kernel seconds) is not available natively: the whole run is recorded under
         ``"native"``.
         """
-        buffers = [self.arena.ctypes.data] + [feeds[n].ctypes.data for n in self.program.inputs] + \
-            [self.constants[n].ctypes.data for n in self.constant_names]
-        t = time.perf_counter()
-        self.native.run(buffers)
-        if profile is not None:
-            profile["native"] = profile.get("native", 0.0) + time.perf_counter() - t
-        results = []
-        for name in self.program.outputs:
-            results.append(np.array(self._view(name, feeds), copy=True))
-        return results
+        with self.arenas.lease() as arena:
+            buffers = [arena.ctypes.data] + [feeds[n].ctypes.data for n in self.program.inputs] + \
+                [self.constants[n].ctypes.data for n in self.constant_names]
+            t = time.perf_counter()
+            self.native.run(buffers)
+            if profile is not None:
+                profile["native"] = profile.get("native", 0.0) + time.perf_counter() - t
+            return [np.array(self._view(name, feeds, arena), copy=True) for name in self.program.outputs]
 
-    def _view(self, name: str, feeds: dict) -> np.ndarray:
+    def _view(self, name: str, feeds: dict, arena: np.ndarray) -> np.ndarray:
         info = self.program.tensors[name]
         slot, offset = self._where(name)
         dtype = np.dtype(info.dtype)
         count = int(np.prod(info.shape, dtype=np.int64))
         if slot == 0:
-            return self.arena[offset:offset + count * dtype.itemsize].view(dtype).reshape(info.shape)
+            return arena[offset:offset + count * dtype.itemsize].view(dtype).reshape(info.shape)
         root = self.program.plan.root(name)
         base = feeds[root] if root in feeds else self.constants[root]
         return base.reshape(info.shape)
