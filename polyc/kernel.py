@@ -8,7 +8,13 @@
     >>> print(matmul.specialize(A, B).stage("ast"))
 
 Arrays are C-contiguous numpy arrays (other layouts are copied). Outputs and temporaries are allocated by
-polyc and zero-initialised, so ``+=`` without ``!`` accumulates onto zeros.
+polyc and zero-initialised, so ``+=`` without ``!`` accumulates onto zeros (onto ``out=``'s contents when
+given). An ``out=`` array that overlaps an input is computed into a temporary and copied back, as numpy's
+ufuncs do, so ``k(a, out=a)`` is correct.
+
+Thread safety: a :class:`Kernel` and a :class:`Compiled` may be called from several threads at once. Compiling
+(the pipeline, isl and LLVM) is serialized by one process-wide lock; a first call racing another compiles
+once and both use the result. Running compiled code takes no lock.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import dataclasses
 import functools
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -38,6 +45,9 @@ from .poly.verify import check_schedule, respects
 from .runtime import cache
 
 __version__ = "0.1.0"
+
+#: Serializes compiling (isl's context and LLVM are shared by the whole process); reentrant.
+_COMPILE_LOCK = threading.RLock()
 
 #: The stages a compiled kernel can print, in pipeline order.
 STAGES = ("domain", "deps", "schedule", "transformed", "ast", "llvm", "asm")
@@ -183,8 +193,10 @@ class Compiled:
 
     @property
     def stages(self) -> Stages:
-        if self._stages is None:
-            self._stages = compile_stages(self.kernel.checked, self.sizes, self.options, self.kernel.target)
+        """Every stage of the compilation (rebuilt on first use for an entry loaded from the disk cache)."""
+        with _COMPILE_LOCK:
+            if self._stages is None:
+                self._stages = compile_stages(self.kernel.checked, self.sizes, self.options, self.kernel.target)
         return self._stages
 
     def stage(self, name: str) -> str:
@@ -203,17 +215,75 @@ class Compiled:
             raise status_error(f"kernel '{self.name}'", status)
 
     def __call__(self, *args, out=None):
+        """Run on ``args`` (numpy arrays of the shapes and dtypes this kernel was compiled for; 0-d inputs
+        also take Python scalars). Returns the output, or a tuple in the ``-> (...)`` order; with ``out=``
+        (an array or a sequence, one per output, C-contiguous and writeable) fills and returns those.
+
+        Raises ShapeError naming the argument for a wrong count, shape or dtype, an out-of-range scalar,
+        ``out=`` arrays that overlap each other, or outputs and temporaries too large for this machine's
+        memory; KernelRuntimeError when the kernel detects a fault (a gather index out of range).
+        """
         arrays = self.kernel._coerce_inputs(args)
+        for a, t in zip(arrays, self.inputs):
+            if a.shape != t.shape:
+                raise ShapeError(f"argument '{t.name}': this kernel was compiled for shape {list(t.shape)}, "
+                                 f"got {list(a.shape)}", hint="call the Kernel, which compiles per shape")
+        check_memory(self.name, (self.outputs if out is None else ()) + self.temps)
         outs = _prepare_outputs(self.outputs, out)
-        temps = [np.zeros(t.shape, t.dtype) for t in self.temps]
-        pointers = [a.ctypes.data for a in arrays] + [o.ctypes.data for o in outs] + [t.ctypes.data for t in temps]
+        targets = list(outs)
+        if out is not None:  # an out= array overlapping an input: compute into a copy, then copy back
+            for k, o in enumerate(outs):
+                if any(np.may_share_memory(o, a) for a in arrays):
+                    targets[k] = o.copy()
+        temps = [_zeros(t) for t in self.temps]
+        pointers = ([a.ctypes.data for a in arrays] + [o.ctypes.data for o in targets]
+                    + [t.ctypes.data for t in temps])
         self.run_pointers(pointers)
+        for o, target in zip(outs, targets):
+            if target is not o:
+                np.copyto(o, target)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+def check_memory(name: str, specs) -> None:
+    """Raise ShapeError, with the bytes needed, when the tensors ``specs`` (to be allocated for a call of
+    kernel ``name``) cannot fit: one larger than the address space, or all together more than the
+    machine's physical memory."""
+    sizes = [(t, int(np.prod(t.shape, dtype=object)) * np.dtype(t.dtype).itemsize) for t in specs]
+    total = sum(n for _, n in sizes)
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        physical = 1 << 62
+    if total > min(physical, np.iinfo(np.intp).max):
+        biggest, n = max(sizes, key=lambda tn: tn[1])
+        raise ShapeError(f"kernel '{name}' needs {_bytes(total)} for its outputs and temporaries "
+                         f"({biggest.role} '{biggest.name}' is {biggest.dtype}{list(biggest.shape)}, "
+                         f"{_bytes(n)}); this machine has {_bytes(physical)} of memory",
+                         hint="use smaller sizes")
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit} ({n} bytes)"
+    return f"{n} bytes"
+
+
+def _zeros(t: "TensorSpec") -> np.ndarray:
+    """A zeroed array for ``t``; ShapeError with the bytes needed when there is no memory for it."""
+    try:
+        return np.zeros(t.shape, t.dtype)
+    except (MemoryError, ValueError):
+        n = int(np.prod(t.shape, dtype=object)) * np.dtype(t.dtype).itemsize
+        raise ShapeError(f"out of memory allocating {t.role} '{t.name}' ({t.dtype}{list(t.shape)}, "
+                         f"{_bytes(n)})", hint="free memory or use smaller sizes") from None
+
+
 def _prepare_outputs(specs, out):
+    """The output arrays: new zeroed ones, or ``out=`` checked (count, shape, dtype, layout, no overlap)."""
     if out is None:
-        return [np.zeros(t.shape, t.dtype) for t in specs]
+        return [_zeros(t) for t in specs]
     outs = [out] if isinstance(out, np.ndarray) else list(out)
     if len(outs) != len(specs):
         raise ShapeError(f"out= has {len(outs)} arrays; the kernel returns {len(specs)}")
@@ -223,6 +293,11 @@ def _prepare_outputs(specs, out):
             raise ShapeError(f"out= for output '{t.name}': expected {t.dtype}{list(t.shape)}, got {got}")
         if not o.flags.c_contiguous or not o.flags.writeable:
             raise ShapeError(f"out= for output '{t.name}' must be a writeable C-contiguous array")
+    for i in range(len(outs)):
+        for j in range(i):
+            if np.may_share_memory(outs[i], outs[j]):
+                raise ShapeError(f"out= arrays for outputs '{specs[j].name}' and '{specs[i].name}' overlap",
+                                 hint="give each output its own array")
     return outs
 
 
@@ -276,10 +351,12 @@ class Kernel:
                 if t.dims:
                     raise ShapeError(f"argument '{t.name}' must be a numpy array of {t.dtype} with "
                                      f"{len(t.dims)} dimensions, got {type(value).__name__}")
-                value = np.asarray(value, dtype=t.dtype)
+                value = _scalar_array(value, t)
             if value.dtype != np.dtype(t.dtype):
-                if value.ndim == 0 and not t.dims and np.can_cast(value.dtype, t.dtype, "same_kind"):
-                    value = value.astype(t.dtype)
+                if value.ndim == 0 and not t.dims and (
+                        np.can_cast(value.dtype, t.dtype, "same_kind")
+                        or value.dtype.kind in "biu" and np.dtype(t.dtype).kind in "iu"):
+                    value = _cast_scalar(value, t)
                 else:
                     raise ShapeError(f"argument '{t.name}': expected dtype {t.dtype}, got {value.dtype}",
                                      hint=f"convert it with .astype(np.{t.dtype})")
@@ -324,13 +401,23 @@ class Kernel:
         return self.specialize_sizes(self.bind_sizes(shapes), options or self.options)
 
     def specialize_sizes(self, sizes: dict, options: Options | None = None) -> Compiled:
-        """The kernel compiled for the given sizes (size name → extent, every size of the def)."""
+        """The kernel compiled for the given sizes (size name → extent, every size of the def): from this
+        kernel's memory, else the disk cache, else the pipeline. Thread-safe: concurrent first calls compile
+        once. Raises ShapeError for a missing size, and what the pipeline raises."""
         sizes = self._every_size(sizes)
         options = options or self.options
         key = (tuple(sorted(sizes.items())), options)
         compiled = self._compiled.get(key)
         if compiled is not None:
             return compiled
+        with _COMPILE_LOCK:
+            compiled = self._compiled.get(key)  # another thread may have compiled it while this one waited
+            if compiled is None:
+                compiled = self._compiled[key] = self._compile(sizes, options)
+        return compiled
+
+    def _compile(self, sizes: dict, options: Options) -> Compiled:
+        """:meth:`specialize_sizes` after a miss in memory: the disk cache or the pipeline."""
         disk_key = cache.make_key(__version__, self.source, self.name, sorted(sizes.items()), options.to_spec(),
                                   self.target.key(), _versions())
         t = time.perf_counter()
@@ -338,8 +425,9 @@ class Kernel:
         compiled = None
         if entry is not None:
             try:
-                jit = load_object(entry["object"], self.target)
-                tensors = [TensorSpec(*t) for t in entry["tensors"]]
+                jit = load_object(entry["object"], self.target, (symbol(self.name),))
+                tensors = [TensorSpec(name, dtype, tuple(shape), role)
+                           for name, dtype, shape, role in entry["tensors"]]
                 compiled = Compiled(self, sizes, options, tensors, jit)
             except Exception as exc:  # a stale or foreign entry: rebuild it
                 debug.log(f"cache: entry for {self.name} unusable ({exc}); rebuilding")
@@ -354,7 +442,6 @@ class Kernel:
                                    "tensors": [(t.name, t.dtype, t.shape, t.role) for t in tensors]})
         debug.log(f"{self.name} {sizes}: ready in {(time.perf_counter() - t) * 1e3:.1f} ms "
                   f"({'disk cache' if entry is not None and compiled._stages is None else 'compiled'})")
-        self._compiled[key] = compiled
         return compiled
 
     def _every_size(self, sizes: dict) -> dict:
@@ -374,6 +461,14 @@ class Kernel:
         found = self._signatures.get(key)
         if found is not None:
             return found
+        with _COMPILE_LOCK:
+            found = self._signatures.get(key) or self._signature(sizes, key)
+            self._signatures[key] = found
+        return found
+
+    def _signature(self, sizes: dict, key: tuple) -> tuple[TensorSpec, ...]:
+        """:meth:`signature` after a miss in memory: the disk cache or the Scop."""
+        found = None
         disk_key = cache.make_key(__version__, "signature", self.source, self.name, key, _versions())
         entry = cache.load(disk_key)
         if entry is not None:
@@ -388,13 +483,48 @@ class Kernel:
             found = tuple(TensorSpec(t.name, t.dtype, tuple(t.shape), t.role) for t in scop.tensors
                           if t.role != "local")
             cache.store(disk_key, {"tensors": [(t.name, t.dtype, t.shape, t.role) for t in found]})
-        self._signatures[key] = found
         return found
 
     def __call__(self, *args, out=None, options: Options | None = None):
         arrays = self._coerce_inputs(args)
         compiled = self.specialize_sizes(self.bind_sizes([a.shape for a in arrays]), options or self.options)
         return compiled(*arrays, out=out)
+
+
+def _scalar_array(value, t) -> np.ndarray:
+    """A Python (or numpy) scalar for the 0-d parameter ``t`` as a 0-d array of its natural dtype; ShapeError
+    naming ``t`` for anything that is not a number (a string, an object, an int beyond 64 bits)."""
+    if isinstance(value, (bool, int, float, np.generic)) and not isinstance(value, (str, bytes)):
+        try:
+            array = np.asarray(value)
+        except OverflowError:
+            array = None
+        if array is not None and array.dtype.kind in "biuf":
+            return array
+    raise ShapeError(f"argument '{t.name}': expected a scalar of type {t.dtype} ({_range_of(t.dtype)}), "
+                     f"got {type(value).__name__} {value!r:.40}")
+
+
+def _cast_scalar(value: np.ndarray, t) -> np.ndarray:
+    """The 0-d ``value`` as ``t.dtype``; ShapeError naming ``t`` and its range when an integer does not fit
+    (numpy would wrap it silently)."""
+    target = np.dtype(t.dtype)
+    if target.kind in "iu" and value.dtype.kind in "iu":
+        info = np.iinfo(target)
+        if not info.min <= int(value) <= info.max:
+            raise ShapeError(f"argument '{t.name}': {int(value)} does not fit in {t.dtype} "
+                             f"({_range_of(t.dtype)})")
+    return value.astype(target)
+
+
+def _range_of(dtype: str) -> str:
+    d = np.dtype(dtype)
+    if d.kind in "iu":
+        info = np.iinfo(d)
+        return f"an integer in {info.min}..{info.max}"
+    if d.kind == "b":
+        return "True or False"
+    return "a real number"
 
 
 @functools.cache
@@ -492,7 +622,12 @@ def link_program(name: str, kernels, calls, n_slots: int, options: Options | Non
     is cached on disk under a key over every kernel's source, def, sizes, the options, the calls and the
     target; a hit skips the compiler entirely and reports no kernel. Raises what the pipeline raises.
     """
-    options = options or Options()
+    with _COMPILE_LOCK:
+        return _link_program(name, kernels, calls, n_slots, options or Options(), on_kernel)
+
+
+def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_kernel) -> NativeProgram:
+    """:func:`link_program` under the compile lock."""
     target = host_target()
     described = [(k.source, k.name, sorted(sizes.items())) for k, sizes in kernels]
     layout = [(c.kernel, c.args) for c in calls]
@@ -502,7 +637,8 @@ def link_program(name: str, kernels, calls, n_slots: int, options: Options | Non
     entry = cache.load(key)
     if entry is not None:
         try:
-            return NativeProgram(name, load_object(entry["object"], target), symbols, n_slots, True)
+            jit = load_object(entry["object"], target, (name,))
+            return NativeProgram(name, jit, symbols, n_slots, True)
         except Exception as exc:  # a stale or foreign entry: rebuild it
             debug.log(f"cache: program {name} unusable ({exc}); rebuilding")
             cache.remove(key)

@@ -1,4 +1,5 @@
 """The user-facing API: define / call / specialize / out= / einsum / caches / argument errors."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -173,3 +174,84 @@ def test_thread_count_comes_from_the_environment_when_the_options_leave_it_open(
     assert polyc.define(MATMUL, options=polyc.Options(threads=1)).options.threads == 1
     monkeypatch.delenv("POLYC_NUM_THREADS")
     assert polyc.define(MATMUL).options.threads is None
+
+
+# ---- issue 16: out= aliasing an input, scalar parameters out of range, outputs too big to allocate ----
+
+REVERSE = "def rev(float(N) A) -> (B) { B(i) = A(N-1-i) }"
+
+
+@pytest.mark.parametrize("n", [1, 6, 7, 1000])
+def test_out_aliasing_an_input_is_computed_through_a_temporary(n):
+    k = polyc.define(REVERSE)
+    a = np.arange(n, dtype=np.float32)
+    expected = a[::-1].copy()
+    result = k(a, out=a)
+    assert result is a
+    np.testing.assert_array_equal(a, expected)
+
+
+def test_out_aliasing_part_of_an_input_and_accumulating_outputs():
+    # out= is a view into the same buffer as the input (overlapping, not identical)
+    k = polyc.define("def shift(float(N) A) -> (B) { B(i) = A(i) + A(i + 1) }")
+    buf = np.arange(10, dtype=np.float32)
+    a, out = buf[:10], buf[1:10]
+    expected = a[:-1] + a[1:]
+    k(a, out=out)
+    np.testing.assert_array_equal(buf[1:], expected)
+    # += without ! accumulates onto out='s contents: the temporary starts from them
+    acc = polyc.define("def acc(float(N) A) -> (B) { B(i) += A(N-1-i) }")
+    a = np.arange(5, dtype=np.float32)
+    expected = a + a[::-1]
+    acc(a, out=a)
+    np.testing.assert_array_equal(a, expected)
+
+
+def test_out_arrays_overlapping_each_other_are_rejected():
+    k = polyc.define("def two(float(N) X) -> (S, P) { S(i) = X(i) + 1.0\n P(i) = X(i) * 2.0 }")
+    x, o = rand(4), np.zeros(4, np.float32)
+    with pytest.raises(ShapeError, match="out= arrays for outputs 'S' and 'P' overlap"):
+        k(x, out=(o, o))
+
+
+@pytest.mark.parametrize("value,match", [
+    (1000, r"argument 's': 1000 does not fit in int8 \(an integer in -128..127\)"),
+    (-129, "does not fit in int8"),
+    (np.int64(1000), "1000 does not fit in int8"),
+    ("abc", "argument 's': expected a scalar of type int8.*got str"),
+    (None, "got NoneType"),
+    (2 ** 70, "got int"),
+    (2.5, "argument 's': expected dtype int8, got float64"),
+])
+def test_bad_scalar_parameters_raise_shape_errors_naming_the_argument(value, match):
+    k = polyc.define("def g(float(N) A, int8 s) -> (B) { B(i) = A(i) * s }")
+    with pytest.raises(ShapeError, match=match):
+        k(np.ones(3, np.float32), value)
+
+
+def test_good_scalar_parameters_keep_working():
+    k = polyc.define("def g(float(N) A, int8 s, uint8 u) -> (B) { B(i) = A(i) * s + u }")
+    a = rand(3)
+    for s, u in ((127, 255), (-128, 0), (np.int16(-5), np.uint64(7)), (True, False)):
+        np.testing.assert_allclose(k(a, s, u), a * float(s) + float(u), rtol=1e-6)
+    with pytest.raises(ShapeError, match="argument 'u': -1 does not fit in uint8"):
+        k(a, 1, -1)
+
+
+def test_outputs_too_big_for_the_machine_raise_a_shape_error_with_the_bytes():
+    huge = polyc.define("def h(float(1) A) -> (B) { B(i,j) = A(0) where i in 0:2147483648, j in 0:2147483648 }")
+    with pytest.raises(ShapeError, match=r"kernel 'h' needs .* \(18446744073709551616 bytes\).*"
+                                         r"output 'B' is float32\[2147483648, 2147483648\]"):
+        huge(np.ones(1, np.float32))
+    # bigger than physical memory, though addressable
+    rows = (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) // 16 + 1
+    big = polyc.define(f"def b(float(1) A) -> (B) {{ B(i,j) = A(0) where i in 0:{rows}, j in 0:4 }}")
+    with pytest.raises(ShapeError, match=f"needs .*{rows * 16} bytes"):
+        big(np.ones(1, np.float32))
+
+
+def test_a_compiled_kernel_checks_extents():
+    compiled = polyc.define(REVERSE).specialize((6,))
+    with pytest.raises(ShapeError, match=r"argument 'A': this kernel was compiled for shape \[6\], got \[7\]"):
+        compiled(np.ones(7, np.float32))
+    np.testing.assert_array_equal(compiled(np.arange(6, dtype=np.float32)), np.arange(6)[::-1])

@@ -9,11 +9,26 @@ resolved in-process; libm is loaded with ``llvm.load_library_permanently``. ``po
 every parallel loop calls, is the thread pool of :mod:`polyc.codegen.pool`: compiled once per process, before
 the first kernel, and registered with ``llvm.add_symbol``. A symbol that cannot be resolved raises
 :class:`~polyc.errors.CompileError` before MCJIT would abort the process.
+
+Memory: a module is optimized, turned into a relocatable object (``TargetMachine.emit_object``) and its LLVM
+IR freed at once; the object is then loaded exactly like a disk-cache hit (an MCJIT engine over an empty
+module), so a live :class:`JitModule` holds only its machine code, the object bytes and the optimized IR
+text. (llvmlite 0.50's new-pass-manager pipeline itself leaks about 60 KiB inside LLVM per run, which no
+caller can free; ``tests/test_jit_memory.py`` bounds the growth per compiled kernel.)
+
+Objects are checked before LLVM sees them (:func:`check_object`: a well-formed ELF relocatable object for
+this machine whose sections, symbols and relocations lie inside the file and which defines the expected
+functions): LLVM's object loader trusts its input and crashes the process on a malformed one.
+
+Thread safety: LLVM's global context and target machines are not thread-safe, so every LLVM call of this
+module runs under one process-wide lock; calling the compiled code needs no lock.
 """
 from __future__ import annotations
 
 import ctypes.util
 import functools
+import struct
+import threading
 
 import llvmlite.binding as llvm
 from llvmlite import ir
@@ -22,6 +37,9 @@ from .. import debug
 from ..errors import CompileError
 from .pool import PARALLEL_RUN, pool_module
 from .target import Target
+
+#: Serializes every LLVM call of this module (LLVM's global context is not thread-safe).
+_LOCK = threading.RLock()
 
 
 @functools.cache
@@ -47,29 +65,36 @@ _POOL: list = []
 
 def _ensure_pool(target: Target) -> None:
     """Compile the thread pool (:func:`~polyc.codegen.pool.pool_module`) once per process and make
-    ``polyc_parallel_run`` resolvable by every module compiled or loaded after it."""
+    ``polyc_parallel_run`` resolvable by every module compiled or loaded after it. Call under ``_LOCK``."""
     if not _POOL:
         pool = _compile(str(pool_module(target.triple)), target, 2)
         llvm.add_symbol(PARALLEL_RUN, pool.address(PARALLEL_RUN))
         _POOL.append(pool)
 
 
+def _target_machine(target: Target, opt_level: int):
+    return llvm.Target.from_triple(target.triple).create_target_machine(
+        cpu=target.cpu, features=target.features, opt=opt_level, reloc="default", codemodel="jitdefault",
+        jit=True)
+
+
 class JitModule:
     """A compiled module living in this process.
 
     - :meth:`address` gives a function's entry point (call it through ``ctypes.CFUNCTYPE``);
-    - ``ir`` is the optimized LLVM IR text, ``asm`` the assembly (made on first use);
-    - ``kernels``: names of the functions the module defines;
-    - ``object_code``: the relocatable object MCJIT compiled (bytes), which :func:`load_object` loads again.
+    - ``ir`` is the optimized LLVM IR text (empty when loaded from an object), ``asm`` the assembly (made on
+      first use);
+    - ``kernels``: names of the functions the module defines (those asked for, when loaded from an object);
+    - ``object_code``: the relocatable object (bytes), which :func:`load_object` loads again.
 
     Keep this object alive while any address is in use: dropping it frees the machine code.
     """
 
-    def __init__(self, engine, module_ref, target_machine, kernels: tuple[str, ...], object_code: bytes,
-                 ir_text: str = ""):
+    def __init__(self, engine, target: Target, kernels: tuple[str, ...], object_code: bytes,
+                 ir_text: str = "", opt_level: int = 3):
         self._engine = engine
-        self._module = module_ref
-        self._tm = target_machine
+        self._target = target
+        self._opt_level = opt_level
         self.kernels = kernels
         self.object_code = object_code
         self.ir = ir_text
@@ -80,7 +105,8 @@ class JitModule:
 
         Raises CompileError if the module does not define it.
         """
-        addr = self._engine.get_function_address(name)
+        with _LOCK:
+            addr = self._engine.get_function_address(name)
         if not addr:
             raise CompileError(f"jit: no function {name!r} in the compiled module "
                                f"(it defines {', '.join(self.kernels) or 'nothing'})")
@@ -92,8 +118,9 @@ class JitModule:
         if self._asm is None:
             if not self.ir:
                 return "; loaded from an object file: no assembly text"
-            copy = llvm.parse_assembly(self.ir)
-            self._asm = self._tm.emit_assembly(copy)
+            with _LOCK:
+                copy = llvm.parse_assembly(self.ir)
+                self._asm = _target_machine(self._target, self._opt_level).emit_assembly(copy)
         return self._asm
 
 
@@ -103,21 +130,23 @@ def compile_module(module_or_ir_text, target: Target, opt_level: int = 3) -> Jit
     Steps: ``llvm.parse_assembly`` and ``ModuleRef.verify``; a ``TargetMachine`` with ``target.cpu`` and
     ``target.features`` (``jit=True``); the new pass manager's default module pipeline at ``opt_level``
     (``create_pipeline_tuning_options`` + ``create_pass_builder`` + ``getModulePassManager``, loop and SLP
-    vectorization on from level 2); then ``create_mcjit_compiler`` and ``finalize_object``.
+    vectorization on from level 2); ``TargetMachine.emit_object``, the IR freed; then the object loaded by
+    an MCJIT engine (as :func:`load_object` does). Thread-safe (serialized).
 
     Raises :class:`CompileError` naming the kernels when LLVM rejects the IR, the target is unknown, or a
     called external function cannot be resolved in this process.
     """
-    _init_llvm()
     if not 0 <= opt_level <= 3:
         raise CompileError(f"jit: opt_level must be 0..3, got {opt_level}")
-    _ensure_pool(target)
-    return _compile(module_or_ir_text, target, opt_level)
-
-
-def _compile(module_or_ir_text, target: Target, opt_level: int) -> JitModule:
-    """:func:`compile_module` without the pool (which is compiled through here itself)."""
     text = str(module_or_ir_text) if isinstance(module_or_ir_text, ir.Module) else module_or_ir_text
+    with _LOCK:
+        _init_llvm()
+        _ensure_pool(target)
+        return _compile(text, target, opt_level)
+
+
+def _compile(text: str, target: Target, opt_level: int) -> JitModule:
+    """:func:`compile_module` without the pool (which is compiled through here itself). Call under ``_LOCK``."""
     try:
         mod = llvm.parse_assembly(text)
     except RuntimeError as e:
@@ -129,9 +158,7 @@ def _compile(module_or_ir_text, target: Target, opt_level: int) -> JitModule:
     except RuntimeError as e:
         raise CompileError(f"jit: invalid LLVM IR in {what}: {e}") from None
     try:
-        tm = llvm.Target.from_triple(target.triple).create_target_machine(
-            cpu=target.cpu, features=target.features, opt=opt_level, reloc="default",
-            codemodel="jitdefault", jit=True)
+        tm = _target_machine(target, opt_level)
     except RuntimeError as e:
         raise CompileError(f"jit: cannot make a target machine for {target.triple} ({target.cpu}) "
                            f"to compile {what}: {e}") from None
@@ -143,40 +170,136 @@ def _compile(module_or_ir_text, target: Target, opt_level: int) -> JitModule:
     pto.slp_vectorization = opt_level >= 2
     pto.loop_unrolling = opt_level >= 2
     pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
+    mpm = pb.getModulePassManager()
+    mpm.run(mod, pb)
+    mpm.close()
+    pb.close()
+    pto.close()
     debug.log(f"---- optimized llvm ({what}) ----\n{mod}", at=6)
 
     _check_externals(mod, what)
     ir_text = str(mod)
-    objects: list[bytes] = []
     try:
-        engine = llvm.create_mcjit_compiler(mod, tm)
-        engine.set_object_cache(notify_func=lambda _module, data: objects.append(data))
-        engine.finalize_object()
+        object_code = bytes(tm.emit_object(mod))
     except RuntimeError as e:
-        raise CompileError(f"jit: MCJIT failed on {what}: {e}") from None
-    return JitModule(engine, mod, tm, kernels, b"".join(objects), ir_text)
+        raise CompileError(f"jit: LLVM cannot generate code for {what}: {e}") from None
+    finally:
+        mod.close()
+        tm.close()
+    return _load(object_code, target, kernels, ir_text, opt_level)
 
 
-def load_object(object_code: bytes, target: Target) -> JitModule:
-    """Load an object made by :func:`compile_module` (``JitModule.object_code``) into this process.
-
-    Uses an MCJIT engine on an empty module and ``ExecutionEngine.add_object_file``; the object must have
-    been compiled for the same ``target``. ``ir`` is empty and ``kernels`` unknown (empty) on the result.
-    Raises CompileError if LLVM cannot read the object.
-    """
-    _init_llvm()
-    _ensure_pool(target)
+def _load(object_code: bytes, target: Target, kernels: tuple[str, ...], ir_text: str = "",
+          opt_level: int = 3) -> JitModule:
+    """An MCJIT engine over an empty module with ``object_code`` added. Call under ``_LOCK``."""
     try:
-        tm = llvm.Target.from_triple(target.triple).create_target_machine(
-            cpu=target.cpu, features=target.features, opt=0, reloc="default", codemodel="jitdefault", jit=True)
+        tm = _target_machine(target, 0)
         empty = llvm.parse_assembly(f'target triple = "{target.triple}"')
         engine = llvm.create_mcjit_compiler(empty, tm)
-        engine.add_object_file(llvm.ObjectFileRef.from_data(bytes(object_code)))
+        engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
         engine.finalize_object()
     except RuntimeError as e:
-        raise CompileError(f"jit: cannot load a cached object for {target.triple}: {e}") from None
-    return JitModule(engine, empty, tm, (), bytes(object_code))
+        raise CompileError(f"jit: cannot load an object for {target.triple} "
+                           f"({', '.join(kernels) or 'no kernel named'}): {e}") from None
+    return JitModule(engine, target, kernels, object_code, ir_text, opt_level)
+
+
+def load_object(object_code: bytes, target: Target, symbols: tuple[str, ...] = ()) -> JitModule:
+    """Load an object made by :func:`compile_module` (``JitModule.object_code``) into this process.
+
+    The object is first checked by :func:`check_object` (it must be an ELF relocatable object for
+    ``target``'s machine that defines every function in ``symbols``), then loaded by an MCJIT engine on an
+    empty module (``ExecutionEngine.add_object_file``). ``ir`` is empty on the result and ``kernels`` is
+    ``symbols``. Thread-safe (serialized). Raises CompileError if the object is malformed, lacks a symbol,
+    or LLVM cannot load it.
+    """
+    object_code = bytes(object_code)
+    check_object(object_code, target, symbols)
+    with _LOCK:
+        _init_llvm()
+        _ensure_pool(target)
+        return _load(object_code, target, tuple(symbols))
+
+
+# ---- checking an object before LLVM reads it ---------------------------------------------------------
+
+#: ELF ``e_machine`` of the architectures LLVM JITs for, by the triple's first component.
+_ELF_MACHINES = {"x86_64": 62, "aarch64": 183, "arm64": 183, "riscv64": 243, "ppc64le": 21, "s390x": 22}
+_SHT_SYMTAB, _SHT_STRTAB, _SHT_RELA, _SHT_NOBITS, _SHT_REL = 2, 3, 4, 8, 9
+
+
+def check_object(data: bytes, target: Target, symbols: tuple[str, ...] = ()) -> None:
+    """Check that ``data`` is a well-formed 64-bit little-endian ELF relocatable object for ``target``'s
+    machine, every section (and the section header table) lies inside the file, the symbol table's names,
+    section indices and every relocation's symbol and offset are in range, and each name in ``symbols`` is a
+    defined function. Raises CompileError saying what is wrong (the object must then not be loaded)."""
+    try:
+        _check_elf(data, target, symbols)
+    except struct.error as e:
+        raise CompileError(f"jit: malformed object: truncated ({e})") from None
+
+
+def _check_elf(data: bytes, target: Target, symbols: tuple[str, ...]) -> None:
+    def bad(why: str):
+        return CompileError(f"jit: malformed object ({len(data)} bytes): {why}",
+                            hint="a corrupt or foreign object is never loaded; it is recompiled")
+
+    if len(data) < 64 or data[:4] != b"\x7fELF":
+        raise bad("not an ELF file")
+    if data[4] != 2 or data[5] != 1:
+        raise bad("not a 64-bit little-endian ELF file")
+    e_type, e_machine = struct.unpack_from("<HH", data, 16)
+    machine = _ELF_MACHINES.get(target.triple.split("-", 1)[0])
+    if e_type != 1:
+        raise bad(f"ELF type {e_type}, expected 1 (relocatable)")
+    if machine is not None and e_machine != machine:
+        raise bad(f"ELF machine {e_machine}, expected {machine} for {target.triple}")
+    e_shoff, = struct.unpack_from("<Q", data, 40)
+    e_shentsize, e_shnum, e_shstrndx = struct.unpack_from("<HHH", data, 58)
+    if e_shentsize != 64 or not 0 < e_shnum < 65280 or e_shoff + e_shnum * 64 > len(data):
+        raise bad("section header table outside the file")
+    if e_shstrndx >= e_shnum:
+        raise bad("section name table index out of range")
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + 64 * i) for i in range(e_shnum)]
+    for i, (_name, kind, _flags, _addr, offset, size, link, _info, _align, _entsize) in enumerate(sections):
+        if kind != _SHT_NOBITS and (offset > len(data) or size > len(data) - offset):
+            raise bad(f"section {i} lies outside the file")
+        if link >= e_shnum:
+            raise bad(f"section {i} links to section {link} of {e_shnum}")
+    defined: set[str] = set()
+    n_symbols: dict[int, int] = {}
+    for i, (_name, kind, _flags, _addr, offset, size, link, _info, _align, entsize) in enumerate(sections):
+        if kind != _SHT_SYMTAB:
+            continue
+        if entsize != 24 or size % 24:
+            raise bad(f"symbol table {i} has entries of {entsize} bytes")
+        if sections[link][1] != _SHT_STRTAB:
+            raise bad(f"symbol table {i} names its strings in a section that is not a string table")
+        str_off, str_size = sections[link][4], sections[link][5]
+        n_symbols[i] = size // 24
+        for k in range(size // 24):
+            st_name, st_info, _other, st_shndx = struct.unpack_from("<IBBH", data, offset + 24 * k)
+            if st_name >= max(str_size, 1) or (st_shndx >= e_shnum and st_shndx < 0xFF00):
+                raise bad(f"symbol {k} has a name or section index out of range")
+            end = data.find(b"\0", str_off + st_name, str_off + str_size)
+            if end < 0:
+                raise bad(f"symbol {k}'s name is not terminated")
+            if st_shndx != 0 and st_info & 0xF == 2:  # a defined function
+                defined.add(data[str_off + st_name:end].decode("utf-8", "replace"))
+    for i, (_name, kind, _flags, _addr, offset, size, link, info, _align, entsize) in enumerate(sections):
+        if kind not in (_SHT_RELA, _SHT_REL):
+            continue
+        width = 24 if kind == _SHT_RELA else 16
+        if entsize != width or size % width or link not in n_symbols or info >= e_shnum:
+            raise bad(f"relocation section {i} is inconsistent")
+        patched = sections[info][5]
+        for k in range(size // width):
+            r_offset, r_info = struct.unpack_from("<QQ", data, offset + width * k)
+            if r_offset >= patched or (r_info >> 32) >= n_symbols[link]:
+                raise bad(f"relocation {k} of section {i} is out of range")
+    missing = [name for name in symbols if name not in defined]
+    if missing:
+        raise bad(f"it does not define {', '.join(missing)}")
 
 
 def _check_externals(mod, what: str) -> None:
