@@ -13,17 +13,19 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Mapping, Sequence
 
 import numpy as np
+from onnx import numpy_helper
 
 from .. import kernel as _kernel
 from ..errors import CompileError, PolycError, ShapeError
 from .executor import Program, PythonExecutor, Step, make_executor, scratch_name
 from .fusion import fusion_groups, groups_summary
 from .graph import TensorInfo, from_model
-from .load import ModelLike, load_model
+from .load import ModelLike, feed_initializers, load_model, overridable_initializers, read_model
 from .lower import check_supported, lower_groups
 from .memory import plan_memory
 from .passes import simplify
@@ -86,16 +88,23 @@ class CompiledModel:
         self.output_shapes = tuple(tensors[n].shape for n in self.output_names)
         self.output_dtypes = tuple(np.dtype(tensors[n].dtype) for n in self.output_names)
 
+    #: Initializers a feed may override (name -> default array); set by :func:`compile`.
+    defaults: dict = {}
+
     def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict:
         """Feeds as C-contiguous arrays; a wrong name, a missing input, or a wrong shape or dtype raises
-        :class:`~polyc.errors.ShapeError` naming the input and what was expected."""
+        :class:`~polyc.errors.ShapeError` naming the input and what was expected. Overridable initializers
+        (:attr:`defaults`) may be fed too, with their default's shape and dtype."""
         expected = dict(zip(self.input_names, zip(self.input_shapes, self.input_dtypes)))
+        optional = {n: (v.shape, v.dtype) for n, v in self.defaults.items() if n not in expected}
         for name in feeds:
-            if name not in expected:
+            if name not in expected and name not in optional:
                 raise ShapeError(f"unknown input {name!r}; the model's inputs are: "
-                                 + ", ".join(f"{n} {d.name}{list(s)}" for n, (s, d) in expected.items()))
+                                 + ", ".join(f"{n} {d.name}{list(s)}" for n, (s, d) in expected.items())
+                                 + "".join(f", {n} {d.name}{list(s)} (optional: an initializer)"
+                                           for n, (s, d) in optional.items()))
         out = {}
-        for name, (shape, dtype) in expected.items():
+        for name, (shape, dtype) in list(expected.items()) + [(n, optional[n]) for n in feeds if n in optional]:
             if name not in feeds:
                 raise ShapeError(f"missing input {name!r}: expected {dtype.name}{list(shape)}")
             value = feeds[name]
@@ -110,8 +119,31 @@ class CompiledModel:
         return out
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list:
-        """The model's outputs (numpy arrays, in ``output_names`` order) for ``feeds`` (input name -> array)."""
-        return self.executor.run(self.check_feeds(feeds))
+        """The model's outputs (numpy arrays, in ``output_names`` order) for ``feeds`` (input name -> array).
+
+        Safe to call from several threads at once: each run uses its own arena. A feed for an initializer
+        that is also a graph input (IR version >= 4; see :attr:`defaults`) overrides its value, as in
+        onnxruntime: the model is compiled for it on the first such run (once per set of overridden names,
+        and per value for inputs polyc needs as constants, such as a Reshape's shape).
+        """
+        checked = self.check_feeds(feeds)
+        fed = {n: v for n, v in checked.items() if n in self.defaults and n not in self.input_names}
+        overridden = {n: v for n, v in fed.items() if not np.array_equal(v, self.defaults[n])}
+        if not overridden:
+            return self.executor.run({n: v for n, v in checked.items() if n not in fed})
+        variant = self._variant(overridden)
+        return variant.run({n: v for n, v in checked.items() if n in variant.input_names})
+
+    def _variant(self, overridden: dict) -> "CompiledModel":
+        """The model compiled with the initializers in ``overridden`` fed (see :meth:`run`)."""
+        frozen = {n: v for n, v in overridden.items() if n in self._constant_like}
+        key = (tuple(sorted(n for n in overridden if n not in frozen)),
+               tuple(sorted((n, v.tobytes()) for n, v in frozen.items())))
+        with self._variants_lock:
+            if key not in self._variants:
+                source = feed_initializers(self._source, inputs=key[0], values=frozen)
+                self._variants[key] = compile(source, self._options, self._input_shapes, progress=False)
+            return self._variants[key]
 
     def profile(self, feeds: Mapping[str, np.ndarray], repeat: int = 1) -> list:
         """``(seconds, group, kernel name)`` per kernel group, slowest first, averaged over ``repeat`` runs.
@@ -172,7 +204,9 @@ def compile(model_or_path: ModelLike, options=None, input_shapes: Mapping[str, S
     """
     seconds = {}
     t = time.perf_counter()
-    model = load_model(model_or_path, input_shapes)
+    proto = read_model(model_or_path)
+    defaults = {n: numpy_helper.to_array(v) for n, v in overridable_initializers(proto).items()}
+    model = load_model(proto, input_shapes)
     graph = from_model(model)
     seconds["load"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -204,4 +238,30 @@ def compile(model_or_path: ModelLike, options=None, input_shapes: Mapping[str, S
     seconds["executor"] = time.perf_counter() - t
     for source, spent in executor.compile_seconds.items():
         timings[source] = timings.get(source, 0.0) + spent
-    return CompiledModel(graph, groups, kernels, plan, steps, timings, executor, seconds)
+    compiled = CompiledModel(graph, groups, kernels, plan, steps, timings, executor, seconds)
+    compiled.defaults = defaults
+    compiled._source = proto if defaults else None  # kept only to compile a variant with fed initializers
+    compiled._constant_like = needs_constant(proto) if defaults else set()
+    compiled._options, compiled._input_shapes = options, input_shapes
+    compiled._variants, compiled._variants_lock = {}, threading.Lock()
+    return compiled
+
+
+def needs_constant(model) -> set:
+    """Tensor names whose values polyc needs at compile time: those read by a slot that must be a constant
+    (a Reshape's shape, Slice's starts, pads, axes ... :data:`~polyc.onnx.ops.CONSTANT_INPUTS`) and, going
+    back through the nodes that compute them, their sources (a Shape or Size node needs only its input's
+    shape, not its value)."""
+    from onnx.defs import onnx_opset_version
+
+    from .ops import CONSTANT_INPUTS
+
+    opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), onnx_opset_version())
+    needed = set()
+    for node in reversed(model.graph.node):
+        for index, since, _ in CONSTANT_INPUTS.get(node.op_type, ()):
+            if opset >= since and index < len(node.input) and node.input[index]:
+                needed.add(node.input[index])
+        if node.op_type not in ("Shape", "Size") and any(o in needed for o in node.output):
+            needed.update(i for i in node.input if i)
+    return needed

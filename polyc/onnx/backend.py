@@ -8,12 +8,16 @@ other harnesses can run it::
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
+from ..errors import UnsupportedError
 from .api import CompiledModel, compile as _compile
+from .load import read_model
 from .ops import CONSTANT_INPUTS
 
 
@@ -62,6 +66,8 @@ class PolycRep(BackendRep):
     A model with dynamic input dims, or whose graph inputs feed slots polyc needs as constants (Reshape's
     shape, Slice's starts, axes, pads, Resize's scales ...), is compiled at the first ``run`` for the given
     shapes and those inputs' values (one compiled model per distinct key), as TVM's ``freeze_params`` does.
+    An initializer that is also a graph input (IR >= 4) may be fed: the feed overrides it, as in onnxruntime
+    (see :meth:`CompiledModel.run`). ``run`` may be called from several threads at once.
     """
 
     def __init__(self, model: onnx.ModelProto, options=None):
@@ -71,17 +77,20 @@ class PolycRep(BackendRep):
         self.frozen = _shape_like_inputs(model)
         self.compiled = None
         self.specialized: dict = {}
+        self.lock = threading.Lock()
         if not self.frozen and not _is_dynamic(model):
             self.compiled = _compile(model, options=options)
 
     def _specialize(self, feeds: dict) -> CompiledModel:
+        feeds = {n: a for n, a in feeds.items() if n in self.names}  # fed initializers: CompiledModel.run
         key = tuple((n, np.shape(a), np.asarray(a).dtype.str,
                      np.asarray(a).tobytes() if n in self.frozen else b"") for n, a in sorted(feeds.items()))
-        if key not in self.specialized:
-            model = _freeze(self.model, {n: feeds[n] for n in self.frozen if n in feeds})
-            shapes = {n: np.shape(a) for n, a in feeds.items() if n not in self.frozen}
-            self.specialized[key] = _compile(model, options=self.options, input_shapes=shapes)
-        return self.specialized[key]
+        with self.lock:
+            if key not in self.specialized:
+                model = _freeze(self.model, {n: feeds[n] for n in self.frozen if n in feeds})
+                shapes = {n: np.shape(a) for n, a in feeds.items() if n not in self.frozen}
+                self.specialized[key] = _compile(model, options=self.options, input_shapes=shapes)
+            return self.specialized[key]
 
     def run(self, inputs, **kwargs):
         if isinstance(inputs, dict):
@@ -91,7 +100,7 @@ class PolycRep(BackendRep):
                 inputs = [inputs]
             feeds = dict(zip(self.names, inputs))
         compiled = self.compiled or self._specialize(feeds)
-        return compiled.run({n: a for n, a in feeds.items() if n in compiled.input_names})
+        return compiled.run({n: a for n, a in feeds.items() if n in compiled.input_names or n in compiled.defaults})
 
 
 class PolycBackend(Backend):
@@ -109,12 +118,13 @@ class PolycBackend(Backend):
     def prepare(cls, model, device: str = "CPU", **kwargs) -> PolycRep:
         """Compile ``model`` (ModelProto, bytes or path); ``kwargs`` may hold ``options`` and ``input_shapes``."""
         if not cls.supports_device(device):
-            raise RuntimeError(f"polyc supports only CPU, not {device}")
+            raise UnsupportedError(f"polyc supports only the CPU device, not {device!r}")
         if not isinstance(model, onnx.ModelProto):
-            model = onnx.load(model) if isinstance(model, str) else onnx.load_model_from_string(model)
+            model = read_model(model)
         if kwargs.get("input_shapes"):
             rep = PolycRep.__new__(PolycRep)
             rep.model, rep.options, rep.frozen, rep.specialized = model, kwargs.get("options"), set(), {}
+            rep.lock = threading.Lock()
             rep.names = _graph_input_names(model)
             rep.compiled = _compile(model, options=rep.options, input_shapes=kwargs["input_shapes"])
             return rep

@@ -16,6 +16,9 @@ from ..errors import PolycError, ShapeError, UnsupportedError
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
 
+#: Oldest default-domain opset the converters handle (older models are converted up to it).
+MIN_OPSET = 7
+
 
 class ModelError(PolycError):
     """The model file is unreadable or fails onnx's checker or shape inference."""
@@ -29,23 +32,82 @@ def model_opset(model: onnx.ModelProto) -> int:
     raise ModelError("the model imports no version of the default ONNX domain (opset_import)")
 
 
-def _read(model: ModelLike) -> onnx.ModelProto:
+def read_model(model: ModelLike) -> onnx.ModelProto:
+    """``model`` as a ModelProto of its own: a copy of a ModelProto, or parsed from serialized bytes or a path.
+
+    Raises :class:`ModelError` when the file cannot be read or the bytes are not an ONNX model (a truncated
+    file, another format), and :class:`~polyc.errors.UnsupportedError` for any other type of argument.
+    """
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         return copy
-    if isinstance(model, bytes):
-        return onnx.load_model_from_string(model)
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        what = f"{len(model)} bytes"
+        load = lambda: onnx.load_model_from_string(bytes(model))  # noqa: E731
+    elif isinstance(model, (str, os.PathLike)):
+        what = repr(os.fspath(model))
+        load = lambda: onnx.load(os.fspath(model))  # noqa: E731
+    else:
+        raise UnsupportedError(f"cannot compile a {type(model).__name__}: pass an onnx.ModelProto, the "
+                               "serialized model (bytes) or the path of a .onnx file")
     try:
-        return onnx.load(os.fspath(model))
+        proto = load()
     except Exception as e:  # OSError, protobuf's DecodeError and friends
-        raise ModelError(f"cannot read ONNX model {model!r}: {e}") from e
+        raise ModelError(f"cannot read ONNX model {what}: {type(e).__name__}: {e}",
+                         hint="is it a complete .onnx file? (truncated or another format)") from e
+    if not proto.HasField("graph"):
+        raise ModelError(f"{what} is not an ONNX model: it has no graph",
+                         hint="is it a complete .onnx file? (truncated or another format)")
+    return proto
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """The graph inputs that are real inputs (not initializers listed as inputs, as IR < 4 models do)."""
     inits = {t.name for t in model.graph.initializer}
     return [i for i in model.graph.input if i.name not in inits]
+
+
+def overridable_initializers(model: onnx.ModelProto) -> dict:
+    """Initializers that a feed may override: name -> TensorProto.
+
+    Per the ONNX IR spec (IR version 4 and later) an initializer that is also listed in ``graph.input`` is
+    only a default value for that input; onnxruntime lets a feed replace it. In older IR versions every
+    initializer had to be listed as an input and is a constant (onnxruntime's rule too), so none is returned.
+    """
+    if model.ir_version < 4:
+        return {}
+    listed = {i.name for i in model.graph.input}
+    return {t.name: t for t in model.graph.initializer if t.name in listed}
+
+
+def feed_initializers(model: onnx.ModelProto, inputs=(), values: Mapping | None = None) -> onnx.ModelProto:
+    """A copy of ``model`` where the initializers named in ``inputs`` become real graph inputs (their declared
+    input type gets the initializer's shape when it has none) and those in ``values`` (name -> numpy array)
+    take the given value instead of their default. Both must name overridable initializers."""
+    from onnx import numpy_helper
+
+    values = dict(values or {})
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {t.name: t for t in out.graph.initializer}
+    kept = []
+    for t in out.graph.initializer:
+        if t.name in inputs:
+            continue
+        if t.name in values:
+            t = numpy_helper.from_array(values[t.name], t.name)
+        kept.append(t)
+    for vi in out.graph.input:
+        dims = _dims(vi)
+        if vi.name in inputs and (dims is None or not all(isinstance(d, int) for d in dims)):
+            vi.type.tensor_type.shape.Clear()
+            vi.type.tensor_type.shape.SetInParent()
+            for d in inits[vi.name].dims:
+                vi.type.tensor_type.shape.dim.add().dim_value = int(d)
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    return out
 
 
 def _dims(vi: onnx.ValueInfoProto) -> list:
@@ -113,6 +175,30 @@ def _check_defined(model: onnx.ModelProto) -> None:
         raise ModelError("; ".join(missing), hint="a missing initializer? check the model's initializer list")
 
 
+def _supported_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` when its default-domain opset is one polyc supports; an older one converted up to
+    :data:`MIN_OPSET` with ``onnx.version_converter``; else :class:`~polyc.errors.UnsupportedError` naming the
+    opset and the supported range."""
+    opset = model_opset(model)
+    newest = onnx.defs.onnx_opset_version()
+    supported = f"polyc supports opsets {MIN_OPSET} to {newest} (the installed onnx's newest)"
+    if opset > newest:
+        raise UnsupportedError(f"the model's opset {opset} is newer than {supported}",
+                               hint="re-export the model with an older opset")
+    if opset >= MIN_OPSET:
+        return model
+    if opset < 1:
+        raise ModelError(f"the model's opset {opset} is not a valid ONNX opset; {supported}")
+    from onnx import version_converter
+    try:
+        converted = version_converter.convert_version(model, MIN_OPSET)
+    except Exception as e:  # the converter raises RuntimeError / ValueError from C++ adapters
+        raise UnsupportedError(f"the model's opset {opset} is older than {supported}, and onnx's version "
+                               f"converter could not convert it: {str(e).strip()}",
+                               hint=f"re-export the model with opset {MIN_OPSET} or newer") from e
+    return converted
+
+
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnx shape inference in strict mode with data propagation; errors become :class:`ModelError`."""
     try:
@@ -127,12 +213,15 @@ def load_model(model: ModelLike, input_shapes: Mapping[str, Sequence[int]] | Non
     ``input_shapes`` pins dynamic input dims: ``{"data": (1, 3, 224, 224)}``. A dynamic input dim that is
     not pinned raises :class:`~polyc.errors.ShapeError` naming the input.
     """
-    proto = _read(model)
+    proto = read_model(model)
     for imp in proto.opset_import:
         if imp.domain not in ("", "ai.onnx"):
-            used = sorted({n.op_type for n in proto.graph.node if n.domain == imp.domain})
+            used = [f"{n.name or f'{n.op_type}_{k}'} ({n.op_type})" for k, n in enumerate(proto.graph.node)
+                    if n.domain == imp.domain]
             if used:
-                raise UnsupportedError(f"operators of domain {imp.domain!r} are not supported: {', '.join(used)}")
+                raise UnsupportedError(f"operators of domain {imp.domain!r} are not supported, used by node(s) "
+                                       f"{', '.join(used[:10])}" + (" ..." if len(used) > 10 else ""))
+    proto = _supported_opset(proto)
     _check_defined(proto)
     try:
         onnx.checker.check_model(proto)

@@ -32,9 +32,7 @@ import onnx
 
 from ..errors import UnsupportedError
 from .fusion import Group
-
-#: Oldest default-domain opset the converters handle.
-MIN_OPSET = 7
+from .load import MIN_OPSET
 
 
 def tc_type(dtype) -> str:
