@@ -1,0 +1,1029 @@
+"""An independent reference interpreter of the Tensor Comprehensions language (the subset polyc accepts).
+
+It shares no code with polyc (it imports nothing from ``polyc``): its own tokenizer and parser, its own
+range inference and an evaluator over numpy index grids. The differential fuzzer (``scripts/fuzz.py``,
+``tests/test_fuzz.py``) runs each random program through polyc and through :func:`run` and compares.
+
+Semantics, from TC's documentation (facebookresearch.github.io/TensorComprehensions: semantics.html,
+inference.html) and polyc's README where polyc goes beyond TC:
+
+- ``T(i,j) OP rhs where ...``: the left-hand indices are distinct names; every other index of the rhs is a
+  reduction index. ``=`` (no reduction index allowed), ``+=``/``*=``/``max=``/``min=`` update the tensor's
+  current value; the ``!`` forms first set every element of the left-hand box to the reduction's identity
+  (0, 1, -inf/+inf or the integer type's min/max). Outputs and temporaries start as zeros. A temporary's
+  first write must be ``=`` or a ``!`` form.
+- Range inference (TC's rounds): ``where i in lo:hi`` fixes a range. Then, in rounds, an index that appears
+  in an access argument whose other indices already have ranges gets the largest range that keeps the
+  argument in bounds for every value of those other indices; the intersection over all such arguments
+  (of reads, and of the left-hand side when the tensor's shape is already known). A read under ``?:`` only
+  needs to be in bounds where its guard holds (polyc: guards do not shrink ranges). The in-bounds
+  conditions used become part of the iteration domain. An index left without a range, or with an empty or
+  unbounded one, is an error. Outputs and temporaries get the shape ``(hi of each left index)`` of their
+  first write.
+- Every access that is evaluated (``?:`` is lazy) must be in bounds over the iteration domain, else the
+  program is invalid (polyc checks this at compile time for affine indices).
+- Integer ``/`` and ``%`` round toward minus infinity, ``x/0 == x%0 == 0`` (polyc's documented choice;
+  Halide's). Typing follows polyc's README/sema: literals are weak, int with float gives the float type,
+  float builtins compute in float32 unless an argument is float64.
+
+Values are computed in float64 (floats) or int64 (ints, checked to stay in int32 range) together with an
+*error scale* per element: a first-order bound (in units of the dtype's rounding error) of how far a correct
+float32/float64 evaluation in any order may be from the exact value. :func:`compare` uses it as tolerance.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# ---- errors ----------------------------------------------------------------------------------------------
+
+
+class TCError(Exception):
+    """The program is not valid TC (syntax, typing, range inference or an out-of-bounds access)."""
+
+
+class Unsupported(Exception):
+    """The reference cannot judge this program/size (e.g. an int32 overflow or a float32 overflow)."""
+
+
+# ---- tokens and parser -----------------------------------------------------------------------------------
+
+_TOKEN = re.compile(r"\s*(?:(#[^\n]*)|(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+)"
+                    r"|(max=!|min=!|max=(?!=)|min=(?!=)|\+=!|\*=!|->|<=|>=|==|!=|&&|\|\||\+=|\*="
+                    r"|[-+*/%()<>,{}=?:!;])|([A-Za-z_][A-Za-z_0-9]*))")
+
+TYPES = {"float": "float32", "float32": "float32", "double": "float64", "float64": "float64",
+         "int32": "int32", "int": "int32", "int64": "int64", "bool": "bool"}
+FLOAT_BUILTINS = {"exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "sin": 1,
+                  "cos": 1, "floor": 1, "ceil": 1, "fma": 3}
+PROMOTING_BUILTINS = {"abs": 1, "fabs": 1, "min": 2, "max": 2, "fmin": 2, "fmax": 2}
+
+
+def tokenize(text: str) -> list[str]:
+    tokens, pos = [], 0
+    text = text.rstrip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise TCError(f"bad character at {pos}: {text[pos:pos + 10]!r}")
+        pos = m.end()
+        if m.group(1):
+            continue
+        tok = m.group(2) or m.group(3) or m.group(4)
+        if tok:
+            tokens.append(tok)
+    return tokens
+
+
+# Expression nodes are tuples:
+#   ("num", value)           int or float literal
+#   ("id", name)             index, size or 0-d input
+#   ("acc", tensor, args)    tensor read
+#   ("un", op, x)            op in "-", "!"
+#   ("bin", op, a, b)        arithmetic, comparison, && ||
+#   ("sel", cond, a, b)      cond ? a : b
+#   ("call", func, args)     builtin
+#   ("cast", dtype, x)       explicit conversion
+
+@dataclass
+class Statement:
+    tensor: str
+    lhs: tuple
+    op: str            # "=", "+=", "*=", "max=", "min=" (+ "!" for the initialising forms)
+    rhs: tuple
+    ranges: dict = field(default_factory=dict)   # index -> (lo expr, hi expr)
+
+
+@dataclass
+class Def:
+    name: str
+    params: list       # (name, dtype, dims) with dims a tuple of size names or ints
+    outputs: list      # names
+    statements: list
+
+
+class _Parser:
+    def __init__(self, text):
+        self.toks = tokenize(text)
+        self.pos = 0
+
+    def peek(self, k=0):
+        return self.toks[self.pos + k] if self.pos + k < len(self.toks) else None
+
+    def next(self):
+        tok = self.peek()
+        if tok is None:
+            raise TCError("unexpected end of input")
+        self.pos += 1
+        return tok
+
+    def expect(self, tok):
+        got = self.next()
+        if got != tok:
+            raise TCError(f"expected {tok!r}, got {got!r}")
+
+    def accept(self, tok):
+        if self.peek() == tok:
+            self.pos += 1
+            return True
+        return False
+
+    def name(self):
+        tok = self.next()
+        if not re.match(r"[A-Za-z_]", tok):
+            raise TCError(f"expected a name, got {tok!r}")
+        return tok
+
+    def parse_def(self) -> Def:
+        self.expect("def")
+        name = self.name()
+        self.expect("(")
+        params = []
+        while not self.accept(")"):
+            dtype = TYPES.get(self.next())
+            if dtype is None:
+                raise TCError("unknown type")
+            dims = ()
+            if self.accept("("):
+                dims = []
+                while not self.accept(")"):
+                    tok = self.next()
+                    dims.append(int(tok) if tok.isdigit() else tok)
+                    self.accept(",")
+                dims = tuple(dims)
+            params.append((self.name(), dtype, dims))
+            self.accept(",")
+        self.expect("->")
+        self.expect("(")
+        outputs = []
+        while not self.accept(")"):
+            outputs.append(self.name())
+            self.accept(",")
+        self.expect("{")
+        statements = []
+        while not self.accept("}"):
+            statements.append(self.statement())
+            self.accept(";")
+        return Def(name, params, outputs, statements)
+
+    def statement(self) -> Statement:
+        tensor = self.name()
+        lhs = []
+        if self.accept("("):
+            while not self.accept(")"):
+                lhs.append(self.name())
+                self.accept(",")
+        op = self.next()
+        if op not in ("=", "+=", "*=", "max=", "min=", "+=!", "*=!", "max=!", "min=!"):
+            if op in ("max", "min") and self.peek() in ("=",):  # "max =" written apart
+                op += self.next()
+            else:
+                raise TCError(f"bad statement operator {op!r}")
+        rhs = self.expr()
+        ranges = {}
+        if self.accept("where"):
+            while True:
+                index = self.name()
+                self.expect("in")
+                lo = self.additive()
+                self.expect(":")
+                hi = self.additive()
+                if index in ranges:
+                    raise TCError(f"index {index} has two ranges")
+                ranges[index] = (lo, hi)
+                if not self.accept(","):
+                    break
+        return Statement(tensor, tuple(lhs), op, rhs, ranges)
+
+    # precedence climbing, C's levels
+    def expr(self):
+        cond = self.binary(0)
+        if self.accept("?"):
+            a = self.expr()
+            self.expect(":")
+            b = self.expr()
+            return ("sel", cond, a, b)
+        return cond
+
+    LEVELS = [("||",), ("&&",), ("==", "!="), ("<", "<=", ">", ">="), ("+", "-"), ("*", "/", "%")]
+
+    def binary(self, level):
+        if level == len(self.LEVELS):
+            return self.unary()
+        left = self.binary(level + 1)
+        while self.peek() in self.LEVELS[level]:
+            op = self.next()
+            left = ("bin", op, left, self.binary(level + 1))
+        return left
+
+    def additive(self):
+        return self.binary(4)
+
+    def unary(self):
+        if self.peek() in ("-", "!"):
+            op = self.next()
+            return ("un", op, self.unary())
+        if self.accept("+"):
+            return self.unary()
+        return self.primary()
+
+    def primary(self):
+        tok = self.next()
+        if tok == "(":
+            e = self.expr()
+            self.expect(")")
+            return e
+        if tok[0].isdigit():
+            return ("num", float(tok) if any(c in tok for c in ".eE") else int(tok))
+        if not re.match(r"[A-Za-z_]", tok):
+            raise TCError(f"unexpected {tok!r}")
+        if self.peek() == "(":
+            self.next()
+            args = []
+            while not self.accept(")"):
+                args.append(self.expr())
+                self.accept(",")
+            if tok in TYPES:
+                if len(args) != 1:
+                    raise TCError("a cast takes one argument")
+                return ("cast", TYPES[tok], args[0])
+            if tok in FLOAT_BUILTINS or tok in PROMOTING_BUILTINS:
+                return ("call", tok, tuple(args))
+            return ("acc", tok, tuple(args))
+        return ("id", tok)
+
+
+def parse(text: str) -> Def:
+    """The first ``def`` of ``text``."""
+    return _Parser(text).parse_def()
+
+
+# ---- printing (for the generator) ------------------------------------------------------------------------
+
+def expr_text(e) -> str:
+    """Fully parenthesised TC text of an expression tree."""
+    kind = e[0]
+    if kind == "num":
+        v = e[1]
+        if isinstance(v, float):
+            text = repr(float(v))
+            if "e" in text or "n" in text:
+                raise ValueError(f"literal {v} cannot be printed")
+            return text if v >= 0 else f"({text})"
+        return str(v) if v >= 0 else f"({v})"
+    if kind == "id":
+        return e[1]
+    if kind == "acc":
+        return f"{e[1]}({', '.join(expr_text(a) for a in e[2])})" if e[2] else e[1]
+    if kind == "un":
+        return f"({e[1]}{expr_text(e[2])})"
+    if kind == "bin":
+        return f"({expr_text(e[2])} {e[1]} {expr_text(e[3])})"
+    if kind == "sel":
+        return f"({expr_text(e[1])} ? {expr_text(e[2])} : {expr_text(e[3])})"
+    if kind == "call":
+        return f"{e[1]}({', '.join(expr_text(a) for a in e[2])})"
+    if kind == "cast":
+        return f"{e[1]}({expr_text(e[2])})"
+    raise ValueError(kind)
+
+
+def def_text(d: Def) -> str:
+    params = []
+    for name, dtype, dims in d.params:
+        shape = f"({','.join(str(x) for x in dims)})" if dims else ""
+        params.append(f"{dtype}{shape} {name}")
+    lines = [f"def {d.name}({', '.join(params)}) -> ({', '.join(d.outputs)}) {{"]
+    for s in d.statements:
+        lhs = f"{s.tensor}({', '.join(s.lhs)})" if s.lhs else s.tensor
+        line = f"    {lhs} {s.op} {expr_text(s.rhs)}"
+        if s.ranges:
+            line += " where " + ", ".join(f"{i} in {expr_text(lo)}:{expr_text(hi)}" for i, (lo, hi) in s.ranges.items())
+        lines.append(line)
+    lines.append("}")
+    return "\n".join(lines)
+
+
+# ---- typing ----------------------------------------------------------------------------------------------
+
+def _is_float(dtype):
+    return dtype in ("float32", "float64")
+
+
+def _promote(a, b):
+    if a == b:
+        return a
+    if _is_float(a) and not _is_float(b):
+        return a
+    if _is_float(b) and not _is_float(a):
+        return b
+    order = ["bool", "int32", "int64", "float32", "float64"]
+    return max(a, b, key=order.index)
+
+
+def _weak(e):
+    while e[0] == "un" and e[1] == "-":
+        e = e[2]
+    return e[0] == "num"
+
+
+class _Typer:
+    def __init__(self, dtypes, indices, sizes):
+        self.dtypes, self.indices, self.sizes = dtypes, indices, sizes
+
+    def unify(self, exprs):
+        typed = [self.of(x) for x in exprs]
+        strong = [t for x, t in zip(exprs, typed) if not _weak(x)]
+        if not strong:
+            out = typed[0]
+            for t in typed[1:]:
+                out = _promote(out, t)
+            return out
+        target = strong[0]
+        for t in strong[1:]:
+            target = _promote(target, t)
+        for x, t in zip(exprs, typed):
+            if _weak(x) and t == "float32" and not _is_float(target):
+                target = _promote(t, target)
+        return target
+
+    def of(self, e) -> str:
+        kind = e[0]
+        if kind == "num":
+            return "float32" if isinstance(e[1], float) else "int32"
+        if kind == "id":
+            if e[1] in self.indices or e[1] in self.sizes:
+                return "int32"
+            if e[1] in self.dtypes:
+                return self.dtypes[e[1]]
+            raise TCError(f"undefined variable {e[1]}")
+        if kind == "acc":
+            if e[1] not in self.dtypes:
+                raise TCError(f"tensor {e[1]} read before it is written")
+            return self.dtypes[e[1]]
+        if kind == "un":
+            if e[1] == "!":
+                return "bool"
+            t = self.of(e[2])
+            return "int32" if t == "bool" else t
+        if kind == "bin":
+            if e[1] in ("&&", "||", "<", "<=", ">", ">=", "==", "!="):
+                self.unify([e[2], e[3]])
+                return "bool"
+            t = self.unify([e[2], e[3]])
+            return "int32" if t == "bool" else t
+        if kind == "sel":
+            return self.unify([e[2], e[3]])
+        if kind == "call":
+            if e[1] in FLOAT_BUILTINS:
+                if len(e[2]) != FLOAT_BUILTINS[e[1]]:
+                    raise TCError(f"{e[1]}: wrong arity")
+                return "float64" if any(self.of(a) == "float64" for a in e[2]) else "float32"
+            if len(e[2]) != PROMOTING_BUILTINS[e[1]]:
+                raise TCError(f"{e[1]}: wrong arity")
+            return self.unify(list(e[2]))
+        if kind == "cast":
+            return e[1]
+        raise TCError(kind)
+
+
+# ---- walking ---------------------------------------------------------------------------------------------
+
+def _children(e):
+    kind = e[0]
+    if kind == "acc":
+        return e[2]
+    if kind == "un":
+        return (e[2],)
+    if kind == "bin":
+        return (e[2], e[3])
+    if kind == "sel":
+        return (e[1], e[2], e[3])
+    if kind == "call":
+        return e[2]
+    if kind == "cast":
+        return (e[2],)
+    return ()
+
+
+def _names(e, out=None):
+    out = [] if out is None else out
+    if e[0] == "id" and e[1] not in out:
+        out.append(e[1])
+    for c in _children(e):
+        _names(c, out)
+    return out
+
+
+def _has_read(e):
+    return e[0] == "acc" or any(_has_read(c) for c in _children(e))
+
+
+def _accesses(e, guards=(), out=None):
+    """Every read in ``e`` as (tensor, args, guards); guards are (cond, taken) of the enclosing ``?:``."""
+    out = [] if out is None else out
+    if e[0] == "sel":
+        _accesses(e[1], guards, out)
+        _accesses(e[2], guards + ((e[1], True),), out)
+        _accesses(e[3], guards + ((e[1], False),), out)
+        return out
+    if e[0] == "acc":
+        out.append((e[1], e[2], guards))
+    for c in _children(e):
+        _accesses(c, guards, out)
+    return out
+
+
+def _affine(e, indices) -> bool:
+    """Whether ``e`` is an integer affine expression of indices, sizes and literals (products and
+    divisions by constants only) — the arguments range inference may use."""
+    kind = e[0]
+    if kind == "num":
+        return isinstance(e[1], int)
+    if kind == "id":
+        return True
+    if kind == "un":
+        return e[1] == "-" and _affine(e[2], indices)
+    if kind == "cast":
+        return False  # a cast may wrap: never used for inference here
+    if kind == "bin" and e[1] in ("+", "-"):
+        return _affine(e[2], indices) and _affine(e[3], indices)
+    if kind == "bin" and e[1] == "*":
+        return (_affine(e[2], indices) and _affine(e[3], indices)
+                and (not set(_names(e[2])) & indices or not set(_names(e[3])) & indices))
+    if kind == "bin" and e[1] in ("/", "%"):
+        return _affine(e[2], indices) and _affine(e[3], indices) and not set(_names(e[3])) & indices
+    return False
+
+
+def _affine_cond(e, indices) -> bool:
+    if e[0] == "un" and e[1] == "!":
+        return _affine_cond(e[2], indices)
+    if e[0] == "bin" and e[1] in ("&&", "||"):
+        return _affine_cond(e[2], indices) and _affine_cond(e[3], indices)
+    if e[0] == "bin" and e[1] in ("<", "<=", ">", ">=", "==", "!="):
+        return _affine(e[2], indices) and _affine(e[3], indices)
+    return False
+
+
+# ---- integer evaluation of index expressions over grids --------------------------------------------------
+
+def _floordiv(a, b):
+    a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
+    safe = np.where(b == 0, 1, b)
+    return np.where(b == 0, 0, np.floor_divide(a, safe))
+
+
+def _floormod(a, b):
+    a, b = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
+    safe = np.where(b == 0, 1, b)
+    return np.where(b == 0, 0, np.remainder(a, safe))
+
+
+def _int_value(e, env):
+    """An index expression (ints only, no reads) evaluated with ``env`` (name -> int or int array)."""
+    kind = e[0]
+    if kind == "num":
+        return e[1]
+    if kind == "id":
+        if e[1] not in env:
+            raise TCError(f"'{e[1]}' is not an index or a size here")
+        return env[e[1]]
+    if kind == "un" and e[1] == "-":
+        return -_int_value(e[2], env)
+    if kind == "bin":
+        a, b = _int_value(e[2], env), _int_value(e[3], env)
+        op = e[1]
+        if op == "+":
+            return a + b
+        if op == "-":
+            return a - b
+        if op == "*":
+            return a * b
+        if op == "/":
+            return _floordiv(a, b)
+        if op == "%":
+            return _floormod(a, b)
+        if op in ("<", "<=", ">", ">=", "==", "!="):
+            return {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
+                    "==": np.equal, "!=": np.not_equal}[op](a, b)
+        if op == "&&":
+            return np.logical_and(a, b)
+        if op == "||":
+            return np.logical_or(a, b)
+    if kind == "un" and e[1] == "!":
+        return np.logical_not(_int_value(e[2], env))
+    raise TCError(f"not an index expression: {expr_text(e)}")
+
+
+def _cond_value(e, env, taken):
+    v = np.asarray(_int_value(e, env), bool)
+    return v if taken else ~v
+
+
+# ---- range inference -------------------------------------------------------------------------------------
+
+#: Index values are enumerated in [-4 L, 4 L] when inferring a range, L the largest extent (at least
+#: WINDOW); a good set with a value beyond 3 L is unbounded (arguments are affine with small coefficients,
+#: so a bounded range stays within about 2 L).
+WINDOW = 16
+
+
+def infer_ranges(stmt: Statement, index_names: list, shapes: dict, sizes: dict):
+    """``(ranges, constraints)``: index -> (lo, hi) and the (arg, extent, guards) conditions that are part of
+    the iteration domain. Raises TCError when an index has no range or an empty/unbounded one."""
+    ranges = {}
+    for index, (lo, hi) in stmt.ranges.items():
+        lo_v, hi_v = int(_int_value(lo, sizes)), int(_int_value(hi, sizes))
+        if hi_v <= lo_v:
+            raise TCError(f"empty range {lo_v}:{hi_v} for {index}")
+        ranges[index] = (lo_v, hi_v)
+    indices = set(index_names)
+    accesses = _accesses(stmt.rhs)
+    if stmt.tensor in shapes:
+        accesses.append((stmt.tensor, tuple(("id", i) for i in stmt.lhs), ()))
+    candidates = []
+    for tensor, args, guards in accesses:
+        shape = shapes.get(tensor)
+        if shape is None or len(shape) != len(args):
+            continue
+        guard_names = [n for cond, _ in guards for n in _names(cond) if n in indices]
+        if not all(_affine_cond(cond, indices) for cond, _ in guards):
+            continue
+        for arg, extent in zip(args, shape):
+            names = [n for n in _names(arg) if n in indices]
+            if not names or _has_read(arg) or not _affine(arg, indices):
+                continue
+            involved = list(dict.fromkeys(names + guard_names))
+            candidates.append((names, involved, arg, extent, guards))
+    constraints = []
+    # true ranges of the affine arguments polyc's programs use stay within a few times the largest extent
+    largest = max([WINDOW] + [int(v) for v in sizes.values()] + [e for shape in shapes.values() for e in shape])
+    window = np.arange(-4 * largest, 4 * largest + 1, dtype=np.int64)
+    far = np.abs(window) > 3 * largest
+    while True:
+        solved = {}
+        for index in index_names:
+            if index in ranges:
+                continue
+            good = None
+            for names, involved, arg, extent, guards in candidates:
+                if index not in names or any(n != index and n not in ranges for n in involved):
+                    continue
+                others = [n for n in involved if n != index]
+                env = dict(sizes)
+                env[index] = window.reshape((-1,) + (1,) * len(others))
+                for k, n in enumerate(others):
+                    shape = [1] * (len(others) + 1)
+                    shape[k + 1] = -1
+                    env[n] = np.arange(*ranges[n], dtype=np.int64).reshape(shape)
+                value = np.asarray(_int_value(arg, env))
+                bad = (value < 0) | (value >= extent)
+                for cond, taken in guards:
+                    bad = bad & _cond_value(cond, env, taken)
+                bad = np.broadcast_to(bad, (len(window),) + tuple(ranges[n][1] - ranges[n][0] for n in others))
+                ok = ~bad.reshape(len(window), -1).any(axis=1)
+                good = ok if good is None else good & ok
+                constraints.append((arg, extent, guards))
+            if good is None:
+                continue
+            if not good.any():
+                raise TCError(f"the inferred range of {index} is empty")
+            where = np.nonzero(good)[0]
+            if (good & far).any():
+                raise TCError(f"the inferred range of {index} is unbounded")
+            solved[index] = (int(window[where[0]]), int(window[where[-1]]) + 1)
+        if not solved:
+            break
+        ranges.update(solved)
+    for index in index_names:
+        if index not in ranges:
+            raise TCError(f"cannot infer the range of {index}")
+    return ranges, constraints
+
+
+# ---- evaluation ------------------------------------------------------------------------------------------
+
+_CMP = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "==": np.equal,
+        "!=": np.not_equal}
+INT32 = (-(2 ** 31), 2 ** 31 - 1)
+
+
+@dataclass
+class Value:
+    """Per-element values (float64 or int64 or bool), error scale and 'an evaluated read left its tensor'."""
+
+    v: np.ndarray
+    err: np.ndarray
+    bad: np.ndarray
+
+
+class _Evaluator:
+    def __init__(self, tensors, dtypes, env, shape, typer):
+        self.tensors, self.dtypes, self.env, self.shape, self.typer = tensors, dtypes, env, shape, typer
+
+    def full(self, x, dtype=None):
+        return np.broadcast_to(np.asarray(x, dtype), self.shape)
+
+    def const(self, v):
+        arr = np.asarray(v)
+        return Value(self.full(arr), self.full(np.abs(arr).astype(np.float64) if arr.dtype != bool else 0.0),
+                     self.full(False))
+
+    def eval(self, e) -> Value:
+        kind = e[0]
+        if kind == "num":
+            return self.const(float(e[1]) if isinstance(e[1], float) else np.int64(e[1]))
+        if kind == "id":
+            name = e[1]
+            if name in self.env:
+                return self.const(np.asarray(self.env[name], np.int64))
+            t = self.tensors[name]  # a 0-d input
+            return Value(self.full(t.v[()]), self.full(t.err[()]), self.full(False))
+        if kind == "acc":
+            return self.read(e)
+        if kind == "cast":
+            x = self.eval(e[2])
+            v = x.v
+            if _is_float(e[1]):
+                v = v.astype(np.float64)
+            elif e[1] == "bool":
+                v = v != 0
+            else:
+                if x.v.dtype.kind == "f":
+                    raise Unsupported("float to int cast")
+                v = v.astype(np.int64)
+            return Value(v, x.err, x.bad)
+        if kind == "un":
+            x = self.eval(e[2])
+            if e[1] == "!":
+                return Value(~(x.v != 0), x.err, x.bad)
+            v = x.v.astype(np.int64) if x.v.dtype == bool else x.v
+            return Value(-v, x.err, x.bad)
+        if kind == "sel":
+            c = self.eval(e[1])
+            cond = c.v != 0
+            a, b = self.eval(e[2]), self.eval(e[3])
+            dtype = self.typer.of(e)
+            av, bv = self._as(a.v, dtype), self._as(b.v, dtype)
+            return Value(np.where(cond, av, bv), np.where(cond, a.err, b.err),
+                         c.bad | (cond & a.bad) | (~cond & b.bad))
+        if kind == "bin":
+            return self.binary(e)
+        if kind == "call":
+            return self.call(e)
+        raise TCError(kind)
+
+    @staticmethod
+    def _as(v, dtype):
+        if _is_float(dtype):
+            return v.astype(np.float64)
+        if dtype == "bool":
+            return v != 0
+        return v.astype(np.int64)
+
+    def read(self, e) -> Value:
+        name, args = e[1], e[2]
+        if name not in self.tensors:
+            raise TCError(f"tensor {name} read before it is written")
+        t = self.tensors[name]
+        if len(args) != t.v.ndim:
+            raise TCError(f"{name} has rank {t.v.ndim}, accessed with {len(args)} indices")
+        if not args:
+            return Value(self.full(t.v[()]), self.full(t.err[()]), self.full(False))
+        idx, bad = [], self.full(False)
+        for a, extent in zip(args, t.v.shape):
+            x = self.eval(a)
+            if x.v.dtype.kind == "f":
+                raise TCError(f"non-integral index of {name}")
+            i = x.v.astype(np.int64)
+            bad = bad | x.bad | (i < 0) | (i >= extent)
+            idx.append(np.clip(i, 0, extent - 1))
+        return Value(t.v[tuple(idx)], t.err[tuple(idx)], bad)
+
+    def binary(self, e) -> Value:
+        op = e[1]
+        a, b = self.eval(e[2]), self.eval(e[3])
+        bad = a.bad | b.bad
+        if op in ("&&", "||"):
+            f = np.logical_and if op == "&&" else np.logical_or
+            return Value(f(a.v != 0, b.v != 0), self.full(0.0), bad)
+        dtype = self.typer.unify([e[2], e[3]])
+        if op in _CMP:
+            av, bv = self._as(a.v, dtype), self._as(b.v, dtype)
+            if _is_float(dtype):  # compare the values the program would compare (rounded to the dtype)
+                av, bv = av.astype(dtype), bv.astype(dtype)
+            return Value(_CMP[op](av, bv), self.full(0.0), bad)
+        if dtype == "bool":
+            dtype = "int32"
+        av, bv = self._as(a.v, dtype), self._as(b.v, dtype)
+        if _is_float(dtype):
+            with np.errstate(all="ignore"):
+                if op == "+":
+                    v = av + bv
+                    err = a.err + b.err + np.abs(v)
+                elif op == "-":
+                    v = av - bv
+                    err = a.err + b.err + np.abs(v)
+                elif op == "*":
+                    v = av * bv
+                    err = a.err * np.abs(bv) + b.err * np.abs(av) + a.err * b.err + np.abs(v)
+                elif op == "/":
+                    v = av / bv
+                    err = (a.err + np.abs(v) * b.err) / np.abs(bv) + np.abs(v)
+                elif op == "%":
+                    v = np.mod(av, bv)
+                    err = a.err + b.err + np.abs(v)
+                else:
+                    raise TCError(op)
+            return Value(v, err, bad)
+        if op == "+":
+            v = av + bv
+        elif op == "-":
+            v = av - bv
+        elif op == "*":
+            v = av * bv
+        elif op == "/":
+            v = _floordiv(av, bv)
+        elif op == "%":
+            v = _floormod(av, bv)
+        else:
+            raise TCError(op)
+        return Value(v, self.full(0.0), bad)
+
+    def call(self, e) -> Value:
+        func, args = e[1], [self.eval(a) for a in e[2]]
+        dtype = self.typer.of(e)
+        bad = np.logical_or.reduce([a.bad for a in args]) if args else self.full(False)
+        vs = [self._as(a.v, dtype) for a in args]
+        errs = [a.err for a in args]
+        with np.errstate(all="ignore"):
+            if func in ("abs", "fabs"):
+                v, err = np.abs(vs[0]), errs[0]
+            elif func in ("min", "max", "fmin", "fmax"):
+                f = {"min": np.minimum, "max": np.maximum, "fmin": np.fmin, "fmax": np.fmax}[func]
+                v, err = f(vs[0], vs[1]), np.maximum(errs[0], errs[1])
+            elif func == "exp":
+                v = np.exp(vs[0])
+                err = v * (errs[0] + 1)
+            elif func == "log":
+                v = np.log(vs[0])
+                err = errs[0] / np.abs(vs[0]) + np.abs(v) + 1
+            elif func == "sqrt":
+                v = np.sqrt(vs[0])
+                err = errs[0] / (2 * v) + v
+            elif func == "rsqrt":
+                v = 1 / np.sqrt(vs[0])
+                err = errs[0] * v / (2 * np.abs(vs[0])) + v
+            elif func == "tanh":
+                v, err = np.tanh(vs[0]), errs[0] + 1
+            elif func == "sigmoid":
+                v, err = 1 / (1 + np.exp(-vs[0])), errs[0] / 4 + 1
+            elif func == "erf":
+                v, err = np.vectorize(math.erf, otypes=[np.float64])(vs[0]), errs[0] * 1.13 + 1
+            elif func == "sin":
+                v, err = np.sin(vs[0]), errs[0] + 1
+            elif func == "cos":
+                v, err = np.cos(vs[0]), errs[0] + 1
+            elif func in ("floor", "ceil"):
+                raise Unsupported("floor/ceil are discontinuous; the reference cannot bound their error")
+            elif func == "fma":
+                v = vs[0] * vs[1] + vs[2]
+                err = errs[0] * np.abs(vs[1]) + errs[1] * np.abs(vs[0]) + errs[2] + np.abs(v) + np.abs(vs[0] * vs[1])
+            else:
+                raise TCError(f"unknown builtin {func}")
+        if not _is_float(dtype):
+            err = self.full(0.0)
+        return Value(v, err, bad)
+
+
+@dataclass
+class Tensor:
+    v: np.ndarray     # float64 / int64 / bool values
+    err: np.ndarray   # error scale per element
+    dtype: str
+
+
+def _identity(op, dtype):
+    if op in ("+=", "+=!"):
+        return 0
+    if op in ("*=", "*=!"):
+        return 1
+    if _is_float(dtype):
+        return -np.inf if op.startswith("max") else np.inf
+    if dtype == "bool":
+        return op.startswith("min")
+    info = np.iinfo(dtype)
+    return int(info.min) if op.startswith("max") else int(info.max)
+
+
+def statement_indices(stmt: Statement, bound: set) -> list:
+    """Left-hand indices, then every other index (a name inside an access argument or with a range that is
+    not a size/tensor) in order of first occurrence."""
+    found = list(stmt.lhs)
+
+    def visit(e, inside):
+        if e[0] == "id" and inside and e[1] not in bound and e[1] not in found:
+            found.append(e[1])
+        for c in _children(e):
+            visit(c, inside or e[0] == "acc")
+
+    visit(stmt.rhs, False)
+    for index in stmt.ranges:
+        if index not in found:
+            found.append(index)
+    return found
+
+
+def bind_sizes(d: Def, inputs) -> dict:
+    sizes = {}
+    for (name, dtype, dims), arr in zip(d.params, inputs):
+        if arr.ndim != len(dims):
+            raise TCError(f"{name}: rank")
+        for dim, extent in zip(dims, arr.shape):
+            if isinstance(dim, int):
+                if dim != extent:
+                    raise TCError(f"{name}: extent")
+            elif sizes.setdefault(dim, extent) != extent:
+                raise TCError(f"size {dim} disagrees")
+    return sizes
+
+
+def run(d: Def | str, inputs) -> dict:
+    """Evaluate ``d`` on ``inputs`` (numpy arrays in parameter order). Returns every output as
+    ``name -> (values cast to the dtype, error scale as float64)``. Raises TCError for an invalid program and
+    Unsupported when the reference cannot judge it."""
+    if isinstance(d, str):
+        d = parse(d)
+    sizes = bind_sizes(d, inputs)
+    tensors, dtypes, shapes = {}, {}, {}
+    for (name, dtype, dims), arr in zip(d.params, inputs):
+        if name in tensors:
+            raise TCError(f"input {name} declared twice")
+        v = arr.astype(np.float64) if _is_float(dtype) else arr.astype(np.int64)
+        tensors[name] = Tensor(v, np.abs(v).astype(np.float64) if _is_float(dtype) else np.zeros(arr.shape), dtype)
+        dtypes[name] = dtype
+        shapes[name] = arr.shape
+    params = {p[0] for p in d.params}
+    if len(set(d.outputs)) != len(d.outputs) or set(d.outputs) & params:
+        raise TCError("bad outputs")
+    written = {s.tensor for s in d.statements}
+    bound = set(sizes) | params | written
+    for s in d.statements:
+        _statement(s, d, sizes, tensors, dtypes, shapes, params, bound)
+    for o in d.outputs:
+        if o not in tensors:
+            raise TCError(f"output {o} is never written")
+    return {o: (tensors[o].v.astype(tensors[o].dtype) if tensors[o].dtype != "bool" else tensors[o].v,
+                tensors[o].err) for o in d.outputs}
+
+
+def _statement(s, d, sizes, tensors, dtypes, shapes, params, bound):
+    if s.tensor in params or s.tensor in sizes:
+        raise TCError(f"cannot assign to {s.tensor}")
+    if len(set(s.lhs)) != len(s.lhs):
+        raise TCError("repeated lhs index")
+    for i in s.lhs:
+        if i in bound:
+            raise TCError(f"{i} is not an index name")
+    op = s.op
+    indices = statement_indices(s, bound)
+    reductions = [i for i in indices if i not in s.lhs]
+    if op == "=" and reductions:
+        raise TCError(f"reduction index {reductions[0]} with =")
+    if s.tensor in tensors and tensors[s.tensor].v.ndim != len(s.lhs):
+        raise TCError(f"{s.tensor}: rank")
+    first = s.tensor not in tensors
+    if first and s.tensor not in d.outputs and op not in ("=",) and not op.endswith("!"):
+        raise TCError(f"temporary {s.tensor} first written with {op}")
+    typer = _Typer(dtypes, set(indices), sizes)
+    rhs_dtype = typer.of(s.rhs)
+    if first:
+        dtype = rhs_dtype
+    else:
+        dtype = dtypes[s.tensor]
+        if rhs_dtype != dtype and not _weak(s.rhs) and not _widens(rhs_dtype, dtype):
+            raise TCError(f"narrowing {rhs_dtype} to {dtype}")
+    ranges, constraints = infer_ranges(s, indices, shapes, sizes)
+    for index in indices:
+        if index in sizes or index in params:
+            raise TCError(f"{index} used as an index")
+    if first:
+        shapes[s.tensor] = tuple(ranges[i][1] for i in s.lhs)
+        zeros = np.zeros(shapes[s.tensor], np.float64 if _is_float(dtype) else np.int64)
+        tensors[s.tensor] = Tensor(zeros, np.zeros(shapes[s.tensor]), dtype)
+        dtypes[s.tensor] = dtype
+    target = tensors[s.tensor]
+    # the grid: one axis per index, lhs indices first
+    grid = tuple(ranges[i][1] - ranges[i][0] for i in indices)
+    env = dict(sizes)
+    for k, i in enumerate(indices):
+        shape = [1] * len(indices)
+        shape[k] = -1
+        env[i] = np.arange(*ranges[i], dtype=np.int64).reshape(shape)
+    domain = np.ones(grid, bool)
+    for arg, extent, guards in constraints:
+        v = np.asarray(_int_value(arg, env))
+        inside = (v >= 0) & (v < extent)
+        for cond, taken in guards:
+            inside = inside | ~_cond_value(cond, env, taken)
+        domain &= np.broadcast_to(inside, grid)
+    ev = _Evaluator(tensors, dtypes, env, grid, typer)
+    value = ev.eval(s.rhs)
+    if (value.bad & domain).any():
+        where = np.argwhere(value.bad & domain)[0]
+        at = ", ".join(f"{i}={ranges[i][0] + int(w)}" for i, w in zip(indices, where))
+        raise TCError(f"a read leaves its tensor at {at}")
+    lhs_idx = tuple(env[i].reshape(env[i].shape[:len(s.lhs)]) for i in s.lhs)
+    lhs_box = tuple(slice(*ranges[i]) for i in s.lhs)
+    for i, extent in zip(s.lhs, target.v.shape):
+        if ranges[i][0] < 0 or ranges[i][1] > extent:
+            if domain.any():
+                raise TCError(f"the write to {s.tensor} leaves its shape")
+    v = ev._as(value.v, dtype)
+    err = value.err
+    if not _is_float(dtype) and dtype != "bool":
+        if v.size and (v.min() < INT32[0] or v.max() > INT32[1]):
+            raise Unsupported("int32 overflow in the reference")
+    red_axes = tuple(range(len(s.lhs), len(indices)))
+    base = op.rstrip("!")
+    if op.endswith("!"):
+        target.v[lhs_box] = _identity(op, dtype)
+        target.err[lhs_box] = 0
+    if base == "=":
+        cur_v, cur_e = target.v[lhs_box], target.err[lhs_box]
+        target.v[lhs_box] = np.where(domain, v, cur_v)
+        target.err[lhs_box] = np.where(domain, err, cur_e)
+        return
+    ident = _identity(base, dtype)
+    vv = np.where(domain, v, ident)
+    count = domain.sum(axis=red_axes) if red_axes else domain.astype(np.int64)
+    cur_v, cur_e = target.v[lhs_box], target.err[lhs_box]
+    with np.errstate(all="ignore"):
+        if base == "+=":
+            total = vv.sum(axis=red_axes) + cur_v
+            new_e = cur_e + np.where(domain, err, 0).sum(axis=red_axes) + \
+                (count + 1) * (np.abs(vv).sum(axis=red_axes) + np.abs(cur_v))
+        elif base == "*=":
+            if _is_float(dtype):
+                total = vv.prod(axis=red_axes) * cur_v
+                mags = np.where(domain, np.abs(vv) + err, 1.0)
+                upper = mags.prod(axis=red_axes) * (np.abs(cur_v) + cur_e)
+                new_e = upper - np.abs(total) + (count + 1) * np.abs(total)
+            else:
+                total = vv.prod(axis=red_axes) * cur_v
+                new_e = cur_e
+        else:
+            f = np.max if base == "max=" else np.min
+            g = np.maximum if base == "max=" else np.minimum
+            total = g(f(vv, axis=red_axes), cur_v) if vv.size else cur_v
+            new_e = np.maximum(np.where(domain, err, 0).max(axis=red_axes, initial=0), cur_e)
+    if not _is_float(dtype) and total.size and (total.min() < INT32[0] or total.max() > INT32[1]):
+        if base != "max=" and base != "min=":
+            raise Unsupported("int32 overflow in a reduction")
+    target.v[lhs_box] = total
+    target.err[lhs_box] = new_e
+
+
+def _widens(src, dst):
+    if src == dst or src == "bool":
+        return True
+    if _is_float(src):
+        return _is_float(dst) and np.dtype(dst).itemsize >= np.dtype(src).itemsize
+    if _is_float(dst):
+        return True
+    return np.dtype(dst).itemsize >= np.dtype(src).itemsize
+
+
+# ---- comparison ------------------------------------------------------------------------------------------
+
+#: Tolerance factor on the error scale (units of the dtype's machine epsilon).
+TOLERANCE = 16
+
+
+def compare(got: np.ndarray, expected: np.ndarray, err: np.ndarray, dtype: str) -> str | None:
+    """``None`` when ``got`` matches the reference, else a one-line summary of the difference."""
+    if got.shape != expected.shape:
+        return f"shape {list(got.shape)}, expected {list(expected.shape)}"
+    if str(got.dtype) != dtype:
+        return f"dtype {got.dtype}, expected {dtype}"
+    if not _is_float(dtype):
+        wrong = got != expected
+    else:
+        eps = float(np.finfo(dtype).eps)
+        g, e = got.astype(np.float64), expected.astype(np.float64)
+        finite = np.isfinite(e)
+        with np.errstate(all="ignore"):
+            tol = TOLERANCE * eps * np.where(np.isfinite(err), err, np.inf) + 1e-300
+            close = np.abs(g - e) <= tol
+        same_special = (np.isnan(g) & np.isnan(e)) | (g == e)
+        wrong = ~np.where(finite, close, same_special)
+    if not wrong.any():
+        return None
+    n = int(wrong.sum())
+    at = tuple(int(x) for x in np.argwhere(wrong)[0])
+    return (f"{n} of {got.size} elements differ; first at {list(at)}: got {got[at]!r}, expected {expected[at]!r}"
+            f"{'' if _is_float(dtype) else ''}")
