@@ -16,9 +16,12 @@ Semantics (numpy's where the language says so):
 - ``exp log sqrt fabs floor ceil sin cos pow fma`` are LLVM intrinsics; ``tanh`` and ``erf`` call libm
   (``tanhf``/``tanh``, ``erff``/``erf``); ``sigmoid(x) = 1/(1+exp(-x))``, ``rsqrt(x) = 1/sqrt(x)``;
   ``min``/``max`` are compare+select and propagate NaN (``np.minimum``); ``fmin``/``fmax`` ignore it.
-- A read whose index depends on data (``A(B(i))``, or an index using a 0-d parameter) is checked against
-  the dimension's extent; out of range branches to ``env.fail()`` (the kernel returns 1) before any load.
-  ``?:``, ``&&`` and ``||`` evaluate such reads only when taken.
+- A read whose index depends on data (``A(B(i))``, or an index using a 0-d parameter) or that the model
+  marks ``checked`` (a non-affine index such as ``A(i*i)``, which the compile-time bounds check cannot bound)
+  is checked against each dimension's extent; out of range branches to ``env.fail()`` (the kernel returns 1)
+  before any load. ``?:``, ``&&`` and ``||`` evaluate such reads only when taken.
+- Index arithmetic is :func:`index_value`'s: exact in 64 bits for int32/int64, wrapping for narrower types,
+  the value ``polyc.poly.affine`` proves in bounds.
 
 Float ``+ - *`` carry the ``contract`` fast-math flag so the backend may fuse them into FMA.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import ctypes.util
 import dataclasses
 import functools
+import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -50,6 +54,21 @@ _CONTRACT = ("contract",)
 _INTRINSICS = {"exp": 1, "log": 1, "sqrt": 1, "fabs": 1, "floor": 1, "ceil": 1, "sin": 1, "cos": 1,
                "pow": 2, "fma": 3}
 _LIBM = {"tanh": ("tanhf", "tanh"), "erf": ("erff", "erf")}
+
+
+#: Longest IR value or block name passed to llvmlite: LLVM truncates local names past 1024 characters, so two
+#: long names with a common prefix would collide ("multiple definition of local value").
+MAX_IR_NAME = 64
+
+
+def ir_name(name: str) -> str:
+    """``name`` as safe for an LLVM value, block or symbol name: unchanged when short and plain
+    (``[A-Za-z0-9_.]``, at most :data:`MAX_IR_NAME` characters), else a plain prefix and a hash of the whole
+    name, so distinct long identifiers (legal in the language) stay distinct and LLVM never truncates them."""
+    if len(name) <= MAX_IR_NAME and all(c.isascii() and (c.isalnum() or c in "_.") for c in name):
+        return name
+    prefix = "".join(c if c.isascii() and (c.isalnum() or c in "_.") else "_" for c in name[:MAX_IR_NAME - 17])
+    return f"{prefix}.{hashlib.sha1(name.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
 
 
 def scalar_type(dtype: str) -> ir.Type:
@@ -145,7 +164,11 @@ def declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
 
 
 def intrinsic(module: ir.Module, base: str, ty: ir.Type, nargs: int) -> ir.Function:
-    """``llvm.<base>.<f32|f64|vNf32|vNf64>`` taking ``nargs`` values of ``ty`` and returning ``ty``."""
+    """``llvm.<base>.<f32|f64|vNf32|vNf64>`` taking ``nargs`` values of ``ty`` and returning ``ty``.
+
+    Raises CompileError for an integer ``ty`` (sema converts the arguments of float builtins: a polyc bug)."""
+    if not isinstance(_elem(ty), (ir.FloatType, ir.DoubleType)):
+        raise CompileError(f"codegen: float intrinsic llvm.{base} on {ty}")
     elem = "f32" if isinstance(_elem(ty), ir.FloatType) else "f64"
     suffix = f"v{ty.count}{elem}" if isinstance(ty, ir.VectorType) else elem
     return declare(module, f"llvm.{base}.{suffix}", ir.FunctionType(ty, [ty] * nargs))
@@ -500,42 +523,72 @@ def is_data_dependent(e: L.Expr) -> bool:
 
 
 def may_fail(e: L.Expr) -> bool:
-    """Whether evaluating ``e`` checks a data-dependent index (and so may make the kernel return 1)."""
-    if isinstance(e, L.Access) and any(is_data_dependent(a) for a in e.args):
+    """Whether evaluating ``e`` checks an index at run time (and so may make the kernel return 1): a read
+    marked ``checked`` (an index the compile-time check cannot bound) or with a data-dependent index."""
+    if isinstance(e, L.Access) and (e.checked or any(is_data_dependent(a) for a in e.args)):
         return True
     return any(may_fail(c) for c in children(e))
 
 
-def index_value(env: Env, e: L.Expr, b: ir.IRBuilder) -> ir.Value | None:
-    """An index expression built from indices, sizes, constants and ``+ - * / %`` evaluated in i64.
+#: Integer dtypes whose index arithmetic :func:`index_value` computes (as ``polyc.poly.affine`` models it).
+_INDEX_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")
 
-    Computing in i64 avoids sign extensions in address arithmetic. Returns None for anything else (the
-    caller evaluates it with :func:`emit_expr`). In vector mode this is the value of lane 0.
+
+def index_value(env: Env, e: L.Expr, b: ir.IRBuilder, nsw: bool = True) -> ir.Value | None:
+    """An index expression built from indices, sizes, integer constants, integer casts and ``+ - * / %``,
+    evaluated in i64 exactly as :func:`polyc.poly.affine.affine_text` models it (so the compile-time bounds
+    check sees the value used here):
+
+    - int32 and int64 arithmetic is done in 64 bits (no int32 wrap-around, no sign extensions in address
+      arithmetic); ``nsw`` marks it as not overflowing (pass False for a value checked at run time);
+    - arithmetic in a narrower type (int8, int16, uint8, uint16, uint32) and casts to a narrower type wrap
+      around to that type (truncate, then sign- or zero-extend back to i64); a cast to uint64 keeps the bits.
+
+    Returns None for anything else (bool or uint64 arithmetic, calls, reads: the caller evaluates those with
+    :func:`emit_expr`). In vector mode this is the value of lane 0.
     """
+    flags = ("nsw",) if nsw else ()
     if isinstance(e, L.Const) and isinstance(e.value, (int, bool)) and e.dtype not in FLOAT:
         return const(I64, int(e.value))
     if isinstance(e, L.Ident) and e.kind == "index":
         return env.indices[e.name]
     if isinstance(e, L.Ident) and e.kind == "size":
         return const(I64, env.scop.sizes[e.name])
-    if isinstance(e, L.Cast) and e.to in ("int32", "int64") and e.operand.dtype in ("int32", "int64"):
-        return index_value(env, e.operand, b)
-    if isinstance(e, L.Unary) and e.op == "-" and e.dtype in ("int32", "int64"):
-        x = index_value(env, e.operand, b)
-        return None if x is None else b.sub(const(I64, 0), x)
-    if isinstance(e, L.Binary) and e.op in ("+", "-", "*", "/", "%") and e.dtype in ("int32", "int64"):
-        x = index_value(env, e.lhs, b)
-        y = index_value(env, e.rhs, b) if x is not None else None
+    if isinstance(e, L.Cast) and e.to in _INDEX_DTYPES + ("uint64",) and e.operand.dtype in _INDEX_DTYPES:
+        x = index_value(env, e.operand, b, nsw)
+        return x if x is None or e.to in ("int64", "uint64") else _wrap_cast(b, x, e.to)
+    if isinstance(e, L.Unary) and e.op == "-" and e.dtype in _INDEX_DTYPES:
+        x = index_value(env, e.operand, b, nsw)
+        return None if x is None else _wrap(b, b.sub(const(I64, 0), x, flags=flags), e.dtype)
+    if isinstance(e, L.Binary) and e.op in ("+", "-", "*", "/", "%") and e.dtype in _INDEX_DTYPES:
+        x = index_value(env, e.lhs, b, nsw)
+        y = index_value(env, e.rhs, b, nsw) if x is not None else None
         if y is None:
             return None
         if e.op == "+":
-            return b.add(x, y, flags=("nsw",))
-        if e.op == "-":
-            return b.sub(x, y, flags=("nsw",))
-        if e.op == "*":
-            return b.mul(x, y, flags=("nsw",))
-        return int_div_mod(b, x, y, False, "div" if e.op == "/" else "mod")
+            value = b.add(x, y, flags=flags)
+        elif e.op == "-":
+            value = b.sub(x, y, flags=flags)
+        elif e.op == "*":
+            value = b.mul(x, y, flags=flags)
+        else:  # the operands of a narrow type are in its range: the signed floor division is the same
+            value = int_div_mod(b, x, y, False, "div" if e.op == "/" else "mod")
+        return _wrap(b, value, e.dtype)
     return None
+
+
+def _wrap(b: ir.IRBuilder, value: ir.Value, dtype: str) -> ir.Value:
+    """The i64 result of arithmetic in ``dtype`` wrapped around to it (int32/int64 arithmetic is not wrapped:
+    see :func:`index_value`)."""
+    if dtype in ("int32", "int64"):
+        return value
+    return _wrap_cast(b, value, dtype)
+
+
+def _wrap_cast(b: ir.IRBuilder, value: ir.Value, dtype: str) -> ir.Value:
+    """The i64 ``value`` converted to ``dtype`` (truncated) and back to i64 (sign- or zero-extended)."""
+    narrow = b.trunc(value, ir.IntType(_BITS[dtype]))
+    return b.zext(narrow, I64) if dtype in UNSIGNED else b.sext(narrow, I64)
 
 
 def index_stride(e: L.Expr, strides: dict[str, int]) -> int | None:
@@ -611,24 +664,26 @@ def element_pointer(env: Env, tensor: str, flat: ir.Value, b: ir.IRBuilder) -> i
 
 
 def access_offset(env: Env, e: L.Access, b: ir.IRBuilder) -> ir.Value:
-    """The element offset of read ``e`` (lane 0 in vector mode), with data-dependent indices checked.
+    """The element offset of read ``e`` (lane 0 in vector mode), with unproven indices checked.
 
-    A data-dependent index outside ``[0, extent)`` branches to ``env.fail()``: no load happens.
+    Every index of a read marked ``checked`` (non-affine, see ``polyc.poly.build.mark_checked``) and every
+    data-dependent index outside ``[0, extent)`` branches to ``env.fail()``: no load happens.
     """
     t = env.scop.tensor(e.tensor)
     if len(e.args) != len(t.shape):
         raise CompileError(f"codegen: {e.tensor} has {len(t.shape)} dimensions but is read with {len(e.args)}")
     dims = []
     for extent, arg in zip(t.shape, e.args):
-        value = None if is_data_dependent(arg) else index_value(env, arg, b)
+        check = e.checked or is_data_dependent(arg)
+        value = None if is_data_dependent(arg) else index_value(env, arg, b, nsw=not check)
         if value is None:
             if env.lanes > 1 and index_stride(arg, env.strides) != 0:
                 raise CompileError(f"codegen: vector read of {e.tensor} with an index that is not affine")
             scalar = env if env.lanes == 1 else dataclasses.replace(env, lanes=1, strides={})
             value = to_i64(b, emit_expr(scalar, arg, b), arg.dtype)
-        if is_data_dependent(arg):
+        if check:
             in_range = b.icmp_unsigned("<", value, const(I64, extent))
-            ok = b.append_basic_block(f"{e.tensor}.index_ok")
+            ok = b.append_basic_block(ir_name(f"{e.tensor}.index_ok"))
             b.cbranch(in_range, ok, env.fail())
             b.position_at_end(ok)
         dims.append(value)

@@ -65,12 +65,18 @@ class Ident:
 
 @dataclass(frozen=True)
 class Access:
-    """A read of tensor ``tensor`` at ``args`` (one expression per dimension), e.g. ``A(h+kh, B(i))``."""
+    """A read of tensor ``tensor`` at ``args`` (one expression per dimension), e.g. ``A(h+kh, B(i))``.
+
+    ``checked`` is set by the polyhedral model (``polyc.poly.build.mark_checked``) on a read with an index it
+    cannot bound (``A(i*i)``, ``A(B(i))``): the generated code checks every index of it against the extent at
+    run time and fails the call (KernelRuntimeError) instead of reading outside the tensor.
+    """
 
     tensor: str
     args: tuple["Expr", ...]
     span: Span | None = _span_field()
     dtype: str | None = None
+    checked: bool = False
 
 
 @dataclass(frozen=True)

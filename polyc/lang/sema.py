@@ -32,11 +32,13 @@ from ..errors import PolycError, SemanticError, Span
 from . import ast as A
 from .parser import MAX_DEPTH, expr_children, expr_depth
 
-#: Builtins computed in float32 (float64 when an argument is float64), with their arity.
+#: Builtins computed in float32 (float64 when an argument is float64), with their arity: integer and bool
+#: arguments are converted first, as C's ``fabs(int)`` does (so ``fabs(i)`` is float32; ``abs(i)`` stays int).
 FLOAT_BUILTINS = {"exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "floor": 1,
-                  "ceil": 1, "sin": 1, "cos": 1, "pow": 2, "fma": 3}
-#: Builtins computed in the promoted type of their arguments, with their arity.
-PROMOTING_BUILTINS = {"abs": 1, "fabs": 1, "min": 2, "max": 2, "fmin": 2, "fmax": 2}
+                  "ceil": 1, "sin": 1, "cos": 1, "pow": 2, "fma": 3, "fabs": 1}
+#: Builtins computed in the promoted type of their arguments, with their arity (integer ``abs`` wraps around
+#: at the type's minimum as numpy's does; ``min``/``max``/``fmin``/``fmax`` compare integers exactly).
+PROMOTING_BUILTINS = {"abs": 1, "min": 2, "max": 2, "fmin": 2, "fmax": 2}
 
 _ARITHMETIC = ("+", "-", "*", "/", "%")
 _COMPARISON = ("<", "<=", ">", ">=", "==", "!=")

@@ -7,7 +7,10 @@ written the way isl prints them. Sizes are specialised: a size is replaced by it
     '((2 * h) + kh) - 1'
 
 A sub-expression that is not affine (a data-dependent read, a product of two indices, a float) makes the
-whole expression non-affine: the functions return ``None`` and the caller over-approximates.
+whole expression non-affine: the functions return ``None`` and the caller over-approximates; a read with a
+non-affine index is then checked at run time (``Access.checked``, set by ``polyc.poly.build``). The text is
+always what the generated code computes (casts wrap around, ``/`` and ``%`` round toward minus infinity for
+every divisor), so an access proven in bounds here is in bounds in the kernel.
 """
 from __future__ import annotations
 
@@ -25,111 +28,181 @@ def isl_name(name: str) -> str:
     return name + "_" if name in ISL_KEYWORDS or name.startswith("_") else name
 
 
-def affine_text(expr: L.Expr, indices: set[str] | frozenset[str], sizes: dict) -> str | None:
+#: The range of each integer dtype the model can follow (uint64 and bool are not modelled: not affine).
+INT_RANGE = {"int8": (-2**7, 2**7 - 1), "int16": (-2**15, 2**15 - 1), "int32": (-2**31, 2**31 - 1),
+             "int64": (-2**63, 2**63 - 1), "uint8": (0, 2**8 - 1), "uint16": (0, 2**16 - 1),
+             "uint32": (0, 2**32 - 1)}
+#: Dtypes whose arithmetic the generated index code does in 64 bits without wrapping (the others wrap).
+WIDE = ("int32", "int64")
+
+
+def affine_text(expr: L.Expr, indices: set[str] | frozenset[str], sizes: dict, ranges: dict | None = None, *,
+                allow_wrap: bool = True, exact_int32: bool = False) -> str | None:
     """isl text of an integer affine expression of ``indices`` and ``sizes``, or ``None`` if not affine.
 
-    Integer division and modulo by a positive constant become isl's ``floor(e/c)`` and ``e mod c`` (both round
-    toward minus infinity, as the language does).
+    The text is the value the generated code computes (:func:`polyc.codegen.expr.index_value`), so a bounds
+    check on it is a check of what the kernel reads:
+
+    - int32 and int64 arithmetic is exact (the code computes indices in 64 bits); an expression whose value
+      may leave int64 is not affine;
+    - a cast to a narrower integer type, and arithmetic in int8/int16/uint8/uint16/uint32, wrap around as in
+      two's complement: where the value may leave its type (over ``ranges``) the text is the wrap-around
+      ``((e + 128) mod 256) - 128`` (or ``None`` if ``allow_wrap`` is false);
+    - integer ``/`` and ``%`` by a constant round toward minus infinity (the language's semantics) whatever
+      the divisor's sign: ``floor(e/c)`` and ``e mod c`` for ``c > 0``, ``floor(-e/-c)`` and ``-((-e) mod -c)``
+      for ``c < 0``; by zero both are 0;
+    - bool and uint64 values, products of two indices, data-dependent reads and floats are not affine.
+
+    ``ranges`` maps indices to ``(lo, hi)`` (hi exclusive); an index without a range may take any int32 value.
+    ``exact_int32`` (for conditions, which the code evaluates in their own type) also makes an int32
+    expression that may leave int32 not affine.
     """
-    if isinstance(expr, L.Const):
-        if isinstance(expr.value, bool) or not isinstance(expr.value, int):
-            return None
-        return str(expr.value) if expr.value >= 0 else f"({expr.value})"
-    if isinstance(expr, L.Ident):
-        if expr.name in indices:
-            return isl_name(expr.name)
-        if expr.name in sizes:
-            return str(sizes[expr.name])
+    found = _affine(expr, indices, sizes, ranges or {}, allow_wrap, exact_int32)
+    return None if found is None else found[0]
+
+
+def _affine(e: L.Expr, indices, sizes: dict, ranges: dict, allow_wrap: bool, exact: bool):
+    """``(text, lo, hi)``: isl text of ``e`` and bounds of its value, or None (see :func:`affine_text`)."""
+    dtype = e.dtype or "int32"
+    if dtype not in INT_RANGE and not (isinstance(e, L.Cast) and e.to == "uint64"):
         return None
-    if isinstance(expr, L.Cast):
-        if expr.to.startswith(("int", "uint")) and (expr.operand.dtype or "int").startswith(("int", "uint")):
-            return affine_text(expr.operand, indices, sizes)
+    if isinstance(e, L.Const):
+        if isinstance(e.value, bool) or not isinstance(e.value, int):
+            return None
+        text = str(e.value) if e.value >= 0 else f"({e.value})"
+        return text, e.value, e.value
+    if isinstance(e, L.Ident):
+        if e.name in indices:
+            lo, hi = ranges.get(e.name, (INT_RANGE["int32"][0], INT_RANGE["int32"][1] + 1))
+            return isl_name(e.name), lo, hi - 1
+        if e.name in sizes:
+            return str(sizes[e.name]), sizes[e.name], sizes[e.name]
         return None
-    if isinstance(expr, L.Unary) and expr.op == "-":
-        inner = affine_text(expr.operand, indices, sizes)
-        return None if inner is None else f"-({inner})"
-    if isinstance(expr, L.Binary) and expr.op in ("+", "-", "*", "/", "%"):
-        lhs = affine_text(expr.lhs, indices, sizes)
-        rhs = affine_text(expr.rhs, indices, sizes)
-        if lhs is None or rhs is None:
+
+    def sub(x):
+        return _affine(x, indices, sizes, ranges, allow_wrap, exact)
+
+    if isinstance(e, L.Cast):
+        inner = sub(e.operand) if e.operand.dtype in INT_RANGE else None
+        if inner is None:
             return None
-        if expr.op in ("+", "-"):
-            return f"({lhs}) {expr.op} ({rhs})"
-        if expr.op == "*":
-            left, right = constant_value(expr.lhs, sizes), constant_value(expr.rhs, sizes)
-            if left is not None:  # isl reads a product only with a bare integer factor
-                return f"{left} * ({rhs})"
-            if right is not None:
-                return f"{right} * ({lhs})"
+        if e.to == "uint64":  # same 64 bits as int64; only non-negative values mean the same
+            return inner if inner[1] >= 0 else None
+        return _fit(inner, e.to, allow_wrap, exact, cast=True)
+    if isinstance(e, L.Unary) and e.op == "-":
+        inner = sub(e.operand)
+        return None if inner is None else _fit((f"-({inner[0]})", -inner[2], -inner[1]), dtype, allow_wrap, exact)
+    if not (isinstance(e, L.Binary) and e.op in ("+", "-", "*", "/", "%")):
+        return None
+    lhs = sub(e.lhs)
+    rhs = sub(e.rhs) if lhs is not None else None
+    if rhs is None:
+        return None
+    (a, alo, ahi), (b, blo, bhi) = lhs, rhs
+    if e.op == "+":
+        return _fit((f"({a}) + ({b})", alo + blo, ahi + bhi), dtype, allow_wrap, exact)
+    if e.op == "-":
+        return _fit((f"({a}) - ({b})", alo - bhi, ahi - blo), dtype, allow_wrap, exact)
+    if e.op == "*":
+        if alo == ahi and _is_constant(e.lhs, indices):  # isl reads a product only with a bare integer factor
+            c, text, lo, hi = alo, b, blo, bhi
+        elif blo == bhi and _is_constant(e.rhs, indices):
+            c, text, lo, hi = blo, a, alo, ahi
+        else:
             return None
-        divisor = constant_value(expr.rhs, sizes)
-        if divisor is None or divisor <= 0:
-            return None
-        if expr.op == "/":
-            return f"floor(({lhs})/{divisor})"
-        return f"({lhs}) mod {divisor}"
-    return None
+        return _fit((f"{c} * ({text})", min(c * lo, c * hi), max(c * lo, c * hi)), dtype, allow_wrap, exact)
+    if not (blo == bhi and _is_constant(e.rhs, indices)):
+        return None
+    c = blo
+    if c == 0:  # x/0 == x%0 == 0 in the generated code
+        return "0", 0, 0
+    if e.op == "/":
+        text = f"floor(({a})/{c})" if c > 0 else f"floor((-({a}))/{-c})"
+        lo, hi = sorted((alo // c, ahi // c))
+        return _fit((text, lo, hi), dtype, allow_wrap, exact)
+    if (0 <= alo and ahi < c) or (c < alo and ahi <= 0):
+        return a, alo, ahi  # already in the modulo's range: the identity
+    if c > 0:
+        return f"({a}) mod {c}", 0, c - 1
+    return f"-((-({a})) mod {-c})", c + 1, 0
+
+
+def _is_constant(e: L.Expr, indices) -> bool:
+    """Whether ``e`` has no index variable and no read (its value is fixed once sizes are known)."""
+    if isinstance(e, L.Ident):
+        return e.name not in indices and e.kind != "scalar"
+    if isinstance(e, L.Access):
+        return False
+    return all(_is_constant(c, indices) for c in children(e))
+
+
+def _fit(found: tuple, dtype: str, allow_wrap: bool, exact: bool, cast: bool = False):
+    """``found`` as a value of ``dtype``: wrapped around where it may leave a narrow type (or int32, for a
+    ``cast``); None where int32 arithmetic (with ``exact``) or an int64 value may overflow, or a wrap is
+    needed and not ``allow_wrap``."""
+    text, lo, hi = found
+    if dtype == "uint64":
+        return found if lo >= 0 and hi <= INT_RANGE["int64"][1] else None
+    tlo, thi = INT_RANGE[dtype]
+    if tlo <= lo and hi <= thi:
+        return found
+    if dtype == "int64" or (dtype == "int32" and exact and not cast):
+        return None
+    if dtype == "int32" and not cast:  # computed in 64 bits (unless a cast narrows it): only int64 overflow matters
+        return found if INT_RANGE["int64"][0] <= lo and hi <= INT_RANGE["int64"][1] else None
+    if not allow_wrap:
+        return None
+    span = thi - tlo + 1
+    if tlo < 0:
+        return f"((({text}) + {-tlo}) mod {span}) - {-tlo}", tlo, thi
+    return f"({text}) mod {span}", tlo, thi
 
 
 def constant_value(expr: L.Expr, sizes: dict) -> int | None:
-    """The integer value of an expression of literals and sizes, or ``None`` if it has other terms."""
-    if isinstance(expr, L.Const):
+    """The integer value of an expression of literals and sizes as the generated code computes it (casts wrap
+    around, ``/`` and ``%`` round toward minus infinity, by zero they give 0), or ``None`` if it has other
+    terms."""
+    if isinstance(expr, L.Const) and expr.dtype is None:  # untyped (not yet checked)
         return expr.value if isinstance(expr.value, int) and not isinstance(expr.value, bool) else None
-    if isinstance(expr, L.Ident):
-        return sizes.get(expr.name)
-    if isinstance(expr, L.Cast):
-        return constant_value(expr.operand, sizes)
-    if isinstance(expr, L.Unary) and expr.op == "-":
-        v = constant_value(expr.operand, sizes)
-        return None if v is None else -v
-    if isinstance(expr, L.Binary):
-        a = constant_value(expr.lhs, sizes)
-        b = constant_value(expr.rhs, sizes)
-        if a is None or b is None:
-            return None
-        if expr.op == "+":
-            return a + b
-        if expr.op == "-":
-            return a - b
-        if expr.op == "*":
-            return a * b
-        if expr.op == "/":
-            return a // b if b else 0
-        if expr.op == "%":
-            return a % b if b else 0
-    return None
+    found = _affine(expr, frozenset(), sizes, {}, True, False)
+    if found is None or found[1] != found[2]:
+        return None
+    return found[1]
 
 
 _NEGATED = {"<": ">=", "<=": ">", ">": "<=", ">=": "<", "==": "!=", "!=": "=="}
 _ISL_CMP = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "=", "!=": "!="}
 
 
-def guard_text(cond: L.Expr, indices, sizes: dict, negate: bool = False) -> str | None:
+def guard_text(cond: L.Expr, indices, sizes: dict, negate: bool = False, ranges: dict | None = None) -> str | None:
     """isl constraint text of a boolean condition built from affine comparisons, ``&&``, ``||`` and ``!``.
 
     Returns ``None`` when the condition is not of that form (the caller then ignores the guard, which
     over-approximates). ``negate`` gives the text of ``!cond`` (pushed down with De Morgan's laws).
+    With ``ranges`` (index → ``(lo, hi)``, the statement's box) the text is exactly what the code evaluates:
+    a comparison whose int32 operands may overflow int32 over the box is not affine.
     """
     if isinstance(cond, L.Unary) and cond.op == "!":
-        return guard_text(cond.operand, indices, sizes, not negate)
+        return guard_text(cond.operand, indices, sizes, not negate, ranges)
     if isinstance(cond, L.Binary) and cond.op in ("&&", "||"):
-        lhs = guard_text(cond.lhs, indices, sizes, negate)
-        rhs = guard_text(cond.rhs, indices, sizes, negate)
+        lhs = guard_text(cond.lhs, indices, sizes, negate, ranges)
+        rhs = guard_text(cond.rhs, indices, sizes, negate, ranges)
         if lhs is None or rhs is None:
             return None
         joint = "and" if (cond.op == "&&") != negate else "or"
         return f"(({lhs}) {joint} ({rhs}))"
     if isinstance(cond, L.Binary) and cond.op in _NEGATED:
-        lhs = affine_text(cond.lhs, indices, sizes)
-        rhs = affine_text(cond.rhs, indices, sizes)
+        exact = ranges is not None
+        lhs = affine_text(cond.lhs, indices, sizes, ranges, exact_int32=exact)
+        rhs = affine_text(cond.rhs, indices, sizes, ranges, exact_int32=exact)
         if lhs is None or rhs is None:
             return None
         op = _NEGATED[cond.op] if negate else cond.op
         if op == "!=":
             return f"(({lhs}) < ({rhs}) or ({lhs}) > ({rhs}))"
         return f"({lhs}) {_ISL_CMP[op]} ({rhs})"
-    if isinstance(cond, L.Cast):
-        return guard_text(cond.operand, indices, sizes, negate)
+    if isinstance(cond, L.Cast) and cond.operand.dtype == "bool":
+        return guard_text(cond.operand, indices, sizes, negate, ranges)
     return None
 
 

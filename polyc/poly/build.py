@@ -21,6 +21,8 @@ checked at run time by the generated code.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import islpy as isl
 
 from ..errors import RangeError, SemanticError
@@ -73,14 +75,15 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
                 init_domain = _box(name, cs.lhs_indices, stmt_ranges)
                 dtype = checked.tensor(cs.stmt.tensor).dtype
                 rhs = L.Const(identity_value(cs.stmt.reduction_op, dtype), dtype=dtype)
-                statements.append(_statement(name, cs.lhs_indices, init_domain, cs, "init", rhs, sizes, shapes))
+                statements.append(_statement(name, cs.lhs_indices, init_domain, cs, "init", rhs, sizes, shapes,
+                                             stmt_ranges))
             name = f"S{len(statements)}"
             for index in cs.indices:
                 ranges[(name, index)] = stmt_ranges[index]
             box = [f"{stmt_ranges[i][0]} <= {isl_name(i)} < {stmt_ranges[i][1]}" for i in cs.indices]
             domain = isl.Set(_set_text(name, cs.indices, box + constraints))
             statements.append(_statement(name, cs.indices, domain, cs, cs.stmt.reduction_op, cs.stmt.rhs,
-                                         sizes, shapes))
+                                         sizes, shapes, stmt_ranges))
     except isl.Error as exc:  # a polyc bug: the text we built is not isl's
         raise SemanticError(f"internal error building the polyhedral model: {exc}") from None
     tensors = tuple(Tensor(t.name, t.dtype, shapes[t.name], t.role) for t in checked.tensors)
@@ -140,7 +143,8 @@ def infer_ranges(cs: L.CheckedStatement, shapes: dict, sizes: dict, source: str)
         guard_names = [n for cond, _ in guards for n in index_names(cond)]
         for arg, extent in zip(args, shape):
             names = index_names(arg)
-            text = affine_text(arg, set(names), sizes)
+            # no wrap-around here: an index whose cast may wrap does not bound the range (give a where clause)
+            text = affine_text(arg, set(names), sizes, ranges, allow_wrap=False)
             if text is None or not names:
                 continue
             involved = list(dict.fromkeys(names + guard_names))
@@ -210,8 +214,10 @@ def _box(name: str, indices, ranges: dict) -> isl.Set:
     return isl.Set(_set_text(name, indices, parts))
 
 
-def _statement(name, indices, domain, cs, op, rhs, sizes, shapes) -> PolyStatement:
+def _statement(name, indices, domain, cs, op, rhs, sizes, shapes, ranges) -> PolyStatement:
     stmt = cs.stmt
+    box = {i: ranges[i] for i in indices}
+    rhs = mark_checked(rhs, set(indices), sizes, box)
     dims = ", ".join(isl_name(i) for i in indices)
     lhs = tuple(i.name for i in stmt.indices)
     lhs_text = ", ".join(isl_name(i) for i in lhs)
@@ -220,13 +226,36 @@ def _statement(name, indices, domain, cs, op, rhs, sizes, shapes) -> PolyStateme
     if op not in ("init", "="):
         reads = reads.union(isl.UnionMap.from_map(write))
     if op != "init":
-        for text in _read_texts(rhs, name, indices, sizes, shapes, guard=None):
+        for text in _read_texts(rhs, name, indices, sizes, shapes, box):
             reads = reads.union(isl.UnionMap(text).intersect_domain(isl.UnionSet.from_set(domain)))
     return PolyStatement(name, tuple(indices), domain.coalesce(), stmt.tensor, lhs, op, rhs, write.coalesce(),
-                         reads.coalesce(), stmt.span, _safe_reads(rhs, name, indices, domain, sizes, shapes))
+                         reads.coalesce(), stmt.span, _safe_reads(rhs, name, indices, domain, sizes, shapes, box))
 
 
-def _safe_reads(rhs, name, indices, domain: isl.Set, sizes, shapes) -> frozenset:
+def mark_checked(e: L.Expr, indices: set, sizes: dict, ranges: dict) -> L.Expr:
+    """``e`` with every read that has a non-affine index (``A(i*i)``, ``A(B(i))``, ``A(max(i, 1))``) marked
+    ``checked``: the compile-time bounds check cannot see where it goes, so the generated code checks each of
+    its indices against the extent at run time (the kernel fails with KernelRuntimeError instead of reading
+    outside the tensor). ``ranges`` (index → ``(lo, hi)``) bound the indices, as in :func:`affine_text`."""
+    kids = children(e)
+    if not kids:
+        return e
+    new = tuple(mark_checked(c, indices, sizes, ranges) for c in kids)
+    if isinstance(e, L.Access):
+        checked = e.checked or any(affine_text(a, indices, sizes, ranges) is None for a in e.args)
+        return dataclasses.replace(e, args=new, checked=checked)
+    if all(n is c for n, c in zip(new, kids)):
+        return e
+    if isinstance(e, L.Unary) or isinstance(e, L.Cast):
+        return dataclasses.replace(e, operand=new[0])
+    if isinstance(e, L.Binary):
+        return dataclasses.replace(e, lhs=new[0], rhs=new[1])
+    if isinstance(e, L.Select):
+        return dataclasses.replace(e, cond=new[0], then=new[1], other=new[2])
+    return dataclasses.replace(e, args=new)  # Call
+
+
+def _safe_reads(rhs, name, indices, domain: isl.Set, sizes, shapes, ranges) -> frozenset:
     """The affine reads of ``rhs`` that stay inside their tensor for every point of ``domain``, ignoring the
     ``?:`` guards above them (so they need no mask); reads with a data-dependent index are never safe."""
     safe = set()
@@ -235,7 +264,7 @@ def _safe_reads(rhs, name, indices, domain: isl.Set, sizes, shapes) -> frozenset
 
     def visit(e):
         if isinstance(e, L.Access) and e.args:
-            texts = [affine_text(arg, index_set, sizes) for arg in e.args]
+            texts = [affine_text(arg, index_set, sizes, ranges) for arg in e.args]
             if all(t is not None for t in texts):
                 shape = shapes[e.tensor]
                 access = isl.Map(f"{{ {name}[{dims}] -> [{', '.join(texts)}] }}").intersect_domain(domain)
@@ -250,9 +279,10 @@ def _safe_reads(rhs, name, indices, domain: isl.Set, sizes, shapes) -> frozenset
     return frozenset(safe)
 
 
-def _read_texts(expr, name, indices, sizes, shapes, guard):
+def _read_texts(expr, name, indices, sizes, shapes, ranges, guard=None):
     """isl text of every read in ``expr``: ``{ S[i..] -> A[f(i..)] : guard }``; a non-affine argument covers
-    the whole dimension; reads under ``?:`` carry the affine part of the condition."""
+    the whole dimension (the read is checked at run time); reads under ``?:`` carry the affine part of the
+    condition. ``ranges`` bound the indices (the statement's box)."""
     out = []
     index_set = set(indices)
     dims = ", ".join(isl_name(i) for i in indices)
@@ -260,8 +290,8 @@ def _read_texts(expr, name, indices, sizes, shapes, guard):
     def visit(e, guard):
         if isinstance(e, L.Select):
             visit(e.cond, guard)
-            then_g = guard_text(e.cond, index_set, sizes)
-            else_g = guard_text(e.cond, index_set, sizes, negate=True)
+            then_g = guard_text(e.cond, index_set, sizes, ranges=ranges)
+            else_g = guard_text(e.cond, index_set, sizes, negate=True, ranges=ranges)
             visit(e.then, _and(guard, then_g))
             visit(e.other, _and(guard, else_g))
             return
@@ -269,7 +299,7 @@ def _read_texts(expr, name, indices, sizes, shapes, guard):
             shape = shapes[e.tensor]
             outs, conds = [], [guard] if guard else []
             for k, (arg, extent) in enumerate(zip(e.args, shape)):
-                text = affine_text(arg, index_set, sizes)
+                text = affine_text(arg, index_set, sizes, ranges)
                 if text is None:
                     outs.append(f"o{k}")
                     conds.append(f"0 <= o{k} < {extent}")
