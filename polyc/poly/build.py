@@ -27,6 +27,7 @@ import islpy as isl
 
 from ..errors import RangeError, SemanticError
 from ..lang import ast as L
+from ..lang.printer import format_expr
 from .affine import affine_text, children, constant_value, guard_text, index_names, isl_name
 from .scop import PolyStatement, Scop, Tensor
 
@@ -76,14 +77,14 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
                 dtype = checked.tensor(cs.stmt.tensor).dtype
                 rhs = L.Const(identity_value(cs.stmt.reduction_op, dtype), dtype=dtype)
                 statements.append(_statement(name, cs.lhs_indices, init_domain, cs, "init", rhs, sizes, shapes,
-                                             stmt_ranges))
+                                             stmt_ranges, checked.source))
             name = f"S{len(statements)}"
             for index in cs.indices:
                 ranges[(name, index)] = stmt_ranges[index]
             box = [f"{stmt_ranges[i][0]} <= {isl_name(i)} < {stmt_ranges[i][1]}" for i in cs.indices]
             domain = isl.Set(_set_text(name, cs.indices, box + constraints))
             statements.append(_statement(name, cs.indices, domain, cs, cs.stmt.reduction_op, cs.stmt.rhs,
-                                         sizes, shapes, stmt_ranges))
+                                         sizes, shapes, stmt_ranges, checked.source))
     except isl.Error as exc:  # a polyc bug: the text we built is not isl's
         raise SemanticError(f"internal error building the polyhedral model: {exc}") from None
     tensors = tuple(Tensor(t.name, t.dtype, shapes[t.name], t.role) for t in checked.tensors)
@@ -214,7 +215,7 @@ def _box(name: str, indices, ranges: dict) -> isl.Set:
     return isl.Set(_set_text(name, indices, parts))
 
 
-def _statement(name, indices, domain, cs, op, rhs, sizes, shapes, ranges) -> PolyStatement:
+def _statement(name, indices, domain, cs, op, rhs, sizes, shapes, ranges, source) -> PolyStatement:
     stmt = cs.stmt
     box = {i: ranges[i] for i in indices}
     rhs = mark_checked(rhs, set(indices), sizes, box)
@@ -226,8 +227,11 @@ def _statement(name, indices, domain, cs, op, rhs, sizes, shapes, ranges) -> Pol
     if op not in ("init", "="):
         reads = reads.union(isl.UnionMap.from_map(write))
     if op != "init":
-        for text in _read_texts(rhs, name, indices, sizes, shapes, box):
-            reads = reads.union(isl.UnionMap(text).intersect_domain(isl.UnionSet.from_set(domain)))
+        for text, node in _read_texts(rhs, name, indices, sizes, shapes, box):
+            read = isl.Map(text).intersect_domain(domain)
+            if isinstance(node, L.Access):
+                check_read(read, node, indices, shapes[node.tensor], source)
+            reads = reads.union(isl.UnionMap.from_map(read))
     return PolyStatement(name, tuple(indices), domain.coalesce(), stmt.tensor, lhs, op, rhs, write.coalesce(),
                          reads.coalesce(), stmt.span, _safe_reads(rhs, name, indices, domain, sizes, shapes, box))
 
@@ -255,6 +259,25 @@ def mark_checked(e: L.Expr, indices: set, sizes: dict, ranges: dict) -> L.Expr:
     return dataclasses.replace(e, args=new)  # Call
 
 
+def checked_reads(scop: Scop) -> list[str]:
+    """The reads of ``scop`` its code checks at run time (``Access.checked``), as ``"A(i*i) at 1:36"``, in
+    statement order without repeats: what a failed call (status 1, an index out of range) can be about."""
+    found: list[str] = []
+
+    def visit(e):
+        if isinstance(e, L.Access) and e.checked:
+            at = f" at {e.span.line}:{e.span.col}" if e.span is not None else ""
+            text = f"{format_expr(e)}{at}"
+            if text not in found:
+                found.append(text)
+        for c in children(e):
+            visit(c)
+
+    for s in scop.statements:
+        visit(s.rhs)
+    return found
+
+
 def _safe_reads(rhs, name, indices, domain: isl.Set, sizes, shapes, ranges) -> frozenset:
     """The affine reads of ``rhs`` that stay inside their tensor for every point of ``domain``, ignoring the
     ``?:`` guards above them (so they need no mask); reads with a data-dependent index are never safe."""
@@ -280,7 +303,8 @@ def _safe_reads(rhs, name, indices, domain: isl.Set, sizes, shapes, ranges) -> f
 
 
 def _read_texts(expr, name, indices, sizes, shapes, ranges, guard=None):
-    """isl text of every read in ``expr``: ``{ S[i..] -> A[f(i..)] : guard }``; a non-affine argument covers
+    """``(isl text, node)`` of every read in ``expr``: ``{ S[i..] -> A[f(i..)] : guard }`` and the Access (or
+    the 0-d parameter's Ident); a non-affine argument covers
     the whole dimension (the read is checked at run time); reads under ``?:`` carry the affine part of the
     condition. ``ranges`` bound the indices (the statement's box)."""
     out = []
@@ -305,10 +329,10 @@ def _read_texts(expr, name, indices, sizes, shapes, ranges, guard=None):
                     conds.append(f"0 <= o{k} < {extent}")
                 else:
                     outs.append(text)
-            out.append(f"{{ {name}[{dims}] -> {isl_name(e.tensor)}[{', '.join(outs)}] : "
-                       f"{' and '.join(conds) or 'true'} }}")
+            out.append((f"{{ {name}[{dims}] -> {isl_name(e.tensor)}[{', '.join(outs)}] : "
+                        f"{' and '.join(conds) or 'true'} }}", e))
         elif isinstance(e, L.Ident) and e.kind == "scalar":
-            out.append(f"{{ {name}[{dims}] -> {isl_name(e.name)}[] }}")
+            out.append((f"{{ {name}[{dims}] -> {isl_name(e.name)}[] }}", e))
         for c in children(e):
             visit(c, guard)
 
@@ -322,6 +346,27 @@ def _and(a, b):
     if b is None:
         return a
     return f"({a}) and ({b})"
+
+
+def check_read(read: isl.Map, access: L.Access, indices, shape: tuple, source: str) -> None:
+    """Raise RangeError (at the read, naming the element) if ``read`` (its access relation over the domain)
+    can leave ``shape``."""
+    if not shape:
+        return
+    names = ", ".join(f"a{k}" for k in range(len(shape)))
+    inside = " and ".join(f"0 <= a{k} < {n}" for k, n in enumerate(shape))
+    box = isl.Set(f"{{ {read.get_tuple_name(isl.dim_type.out)}[{names}] : {inside} }}")
+    outside = read.intersect_range(isl.Set.universe(box.get_space()).subtract(box))
+    if outside.is_empty():
+        return
+    pair = isl.Map.from_domain_and_range(outside.domain().sample_point().to_set(), isl.Set.universe(box.get_space()))
+    point = outside.intersect(pair).wrap().sample_point()
+    values = [int(point.get_coordinate_val(isl.dim_type.set, k).to_python()) for k in range(len(indices) + len(shape))]
+    at = ", ".join(f"{i}={v}" for i, v in zip(indices, values))
+    element = ", ".join(str(v) for v in values[len(indices):])
+    raise RangeError(f"access to '{access.tensor}' leaves its shape {list(shape)} at {at}: "
+                     f"{format_expr(access)} reads element [{element}]", access.span, source,
+                     hint="restrict the indices with a where clause or guard the read with ?:")
 
 
 def check_bounds(stmt: PolyStatement, scop: Scop, source: str) -> None:
