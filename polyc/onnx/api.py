@@ -18,10 +18,9 @@ import time
 from typing import Mapping, Sequence
 
 import numpy as np
-from onnx import numpy_helper
 
 from .. import kernel as _kernel
-from ..errors import CompileError, PolycError, ShapeError
+from ..errors import CompileError, PolycError, ShapeError, UnsupportedError
 from .executor import Program, PythonExecutor, Step, make_executor, scratch_name
 from .fusion import fusion_groups, groups_summary
 from .graph import TensorInfo, from_model
@@ -29,6 +28,7 @@ from .load import ModelLike, feed_initializers, load_model, overridable_initiali
 from .lower import check_supported, lower_groups
 from .memory import plan_memory
 from .passes import simplify
+from .validate import check_shapes, check_sizes, too_large
 
 
 def compile_kernels(kernels: list, options=None, progress: bool = False) -> tuple:
@@ -109,7 +109,11 @@ class CompiledModel:
                 raise ShapeError(f"missing input {name!r}: expected {dtype.name}{list(shape)}")
             value = feeds[name]
             if not isinstance(value, np.ndarray):
-                value = np.asarray(value, dtype=dtype)
+                try:
+                    value = np.asarray(value, dtype=dtype)
+                except (TypeError, ValueError, OverflowError) as e:
+                    raise ShapeError(f"input {name!r}: cannot convert a {type(value).__name__} to "
+                                     f"{dtype.name}{list(shape)}: {e}") from e
             if value.dtype != dtype:
                 raise ShapeError(f"input {name!r}: expected dtype {dtype.name}, got {value.dtype.name}",
                                  hint=f"convert it with .astype(np.{dtype.name})")
@@ -200,31 +204,60 @@ def compile(model_or_path: ModelLike, options=None, input_shapes: Mapping[str, S
     ``options`` (a :class:`polyc.Options`) apply to every kernel; ``input_shapes`` pins dynamic input dims
     (``{"data": (1, 3, 224, 224)}``); ``progress`` shows a tqdm bar while kernels compile (default: when
     stderr is a terminal). Raises :class:`~polyc.errors.UnsupportedError` listing every unsupported
-    node before any kernel is compiled, and :class:`~polyc.errors.ShapeError` for a dynamic dimension.
+    node before any kernel is compiled, :class:`~polyc.errors.ShapeError` for a dynamic dimension,
+    :class:`~polyc.onnx.ModelError` for an unreadable or invalid model (naming the node where there is one:
+    a Reshape that changes the element count, a Conv kernel larger than its input ...), UnsupportedError
+    giving the bytes needed when a tensor cannot fit in this machine's memory, and CompileError for a
+    failure of polyc itself: never another exception.
     """
+    stage = ["reading the model"]
+    try:
+        return _compile(model_or_path, options, input_shapes, progress, stage)
+    except PolycError:
+        raise
+    except MemoryError as e:
+        raise UnsupportedError(f"out of memory while {stage[0]}", hint="use smaller input shapes") from e
+    except Exception as e:  # a polyc bug or an onnx failure not caught where it happened
+        raise CompileError(f"internal error while {stage[0]}: {type(e).__name__}: {e}",
+                           hint="please report it with the model") from e
+
+
+def _compile(model_or_path, options, input_shapes, progress, stage: list) -> CompiledModel:
+    """:func:`compile`'s stages; ``stage[0]`` names the current one (for errors)."""
     seconds = {}
     t = time.perf_counter()
     proto = read_model(model_or_path)
-    defaults = {n: numpy_helper.to_array(v) for n, v in overridable_initializers(proto).items()}
+    stage[0] = "checking the model and inferring shapes"
     model = load_model(proto, input_shapes)
     graph = from_model(model)
+    defaults = {n: graph.graph["constants"][n] for n in overridable_initializers(proto)}
     seconds["load"] = time.perf_counter() - t
     t = time.perf_counter()
+    stage[0] = "running the graph passes"
     graph = simplify(graph)
     seconds["passes"] = time.perf_counter() - t
+    stage[0] = "validating shapes"
+    check_sizes(graph)
+    check_shapes(graph)
     check_supported(graph)
     t = time.perf_counter()
+    stage[0] = "lowering the fusion groups to TC"
     groups = fusion_groups(graph)
     kernels = lower_groups(graph, groups)
     seconds["lower"] = time.perf_counter() - t
     t = time.perf_counter()
     if progress is None:
         progress = sys.stderr.isatty()
+    stage[0] = "binding the kernels"
     steps, timings = compile_kernels(kernels, options, progress)
     seconds["kernels"] = time.perf_counter() - t
+    stage[0] = "planning memory and compiling the kernels"
     scratch = {s.group: {scratch_name(s.group, k): TensorInfo(tuple(spec.shape), np.dtype(spec.dtype))
                          for k, spec in enumerate(s.temps)} for s in steps}
     plan = plan_memory(graph, groups, scratch)
+    error = too_large(f"the arena of the model's intermediates ({len(plan.offsets)} tensors)", plan.arena_bytes)
+    if error is not None:
+        raise error
     constants = dict(graph.graph["constants"])
     for k in kernels:
         if k is not None:

@@ -23,7 +23,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedError
-from .load import graph_inputs, model_opset
+from .load import ModelError, graph_inputs, model_opset
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,10 @@ def from_model(model: onnx.ModelProto) -> nx.DiGraph:
         tensors[vi.name] = _info(vi)
     constants = {}
     for t in model.graph.initializer:
-        arr = numpy_helper.to_array(t)
+        try:
+            arr = numpy_helper.to_array(t)
+        except Exception as e:  # a wrong raw_data size, missing external data, an unknown data type ...
+            raise ModelError(f"initializer {t.name!r} cannot be read: {type(e).__name__}: {e}") from e
         constants[t.name] = arr
         tensors[t.name] = TensorInfo(tuple(arr.shape), arr.dtype)
     g.graph.update(opset=model_opset(model), name=model.graph.name or "model",
@@ -97,8 +100,15 @@ def from_model(model: onnx.ModelProto) -> nx.DiGraph:
         while nid in used:
             nid += "_"
         used.add(nid)
+        try:
+            attrs = {a.name: _attr_value(a) for a in node.attribute}
+        except UnsupportedError as e:
+            raise UnsupportedError(f"{e.message} on node {nid} ({node.op_type})") from e
+        except Exception as e:  # a tensor attribute onnx cannot decode
+            raise ModelError(f"an attribute of node {nid} ({node.op_type}) cannot be read: "
+                             f"{type(e).__name__}: {e}") from e
         g.add_node(nid, op=node.op_type, inputs=tuple(node.input), outputs=tuple(node.output),
-                   attrs={a.name: _attr_value(a) for a in node.attribute}, order=index, domain=node.domain)
+                   attrs=attrs, order=index, domain=node.domain)
     connect(g)
     return g
 

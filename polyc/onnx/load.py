@@ -223,6 +223,9 @@ def load_model(model: ModelLike, input_shapes: Mapping[str, Sequence[int]] | Non
                                        f"{', '.join(used[:10])}" + (" ..." if len(used) > 10 else ""))
     proto = _supported_opset(proto)
     _check_defined(proto)
+    if not proto.graph.output:
+        raise ModelError("the model's graph has no outputs: there is nothing to compute",
+                         hint="list the tensors to compute in graph.output")
     try:
         onnx.checker.check_model(proto)
     except Exception as e:

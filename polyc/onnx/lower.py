@@ -30,7 +30,7 @@ import networkx as nx
 import numpy as np
 import onnx
 
-from ..errors import UnsupportedError
+from ..errors import CompileError, PolycError, UnsupportedError
 from .fusion import Group
 from .load import MIN_OPSET
 
@@ -283,7 +283,13 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
         fn = converter(node["op"], b.opset)
         if fn is None:
             raise b.error("unsupported operator")
-        outs = fn(b, node)
+        try:
+            outs = fn(b, node)
+        except PolycError:
+            raise
+        except Exception as e:  # a converter's own bug, or onnx's reference evaluator (Resize tables)
+            raise CompileError(f"lowering node {nid} ({node['op']}, opset {b.opset}) failed: "
+                               f"{type(e).__name__}: {e}") from e
         for name, v in zip(node["outputs"], outs):
             if name and v is not None:
                 b.values[name] = v
@@ -341,7 +347,9 @@ def check_supported(g: nx.DiGraph) -> None:
         problems.extend(check_node(g, nid, d))
     for name in g.graph["inputs"] + [t for _, d in g.nodes(data=True) for t in d["outputs"] if t]:
         info = g.graph["tensors"].get(name)
-        if info is not None and info.dtype is not None and np.dtype(info.dtype).name in ("float16", "bfloat16"):
-            problems.append(f"tensor {name!r} has dtype {np.dtype(info.dtype).name}, which polyc does not support")
+        if info is not None and info.dtype is not None and (np.dtype(info.dtype).name in ("float16", "bfloat16")
+                                                            or np.dtype(info.dtype).kind in "OUSVcMm"):
+            kind = "string" if np.dtype(info.dtype).kind in "OUS" else np.dtype(info.dtype).name
+            problems.append(f"tensor {name!r} has dtype {kind}, which polyc does not support")
     if problems:
         raise UnsupportedError(f"the model uses {len(problems)} unsupported feature(s):\n  " + "\n  ".join(problems))

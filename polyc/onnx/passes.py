@@ -15,10 +15,11 @@ import numpy as np
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from ..errors import ShapeError, UnsupportedError
+from ..errors import CompileError, ShapeError, UnsupportedError
 from .graph import (TensorInfo, export_attr, add_op, connect, consumers, copy_graph, fresh_name, producer,
                     remove_op, replace_uses, set_constant, to_model, topo_order)
 from .load import infer_shapes
+from .validate import too_large
 
 #: Ops never folded: their value is not a function of their inputs.
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -127,10 +128,34 @@ def evaluate_node(d: dict, values: list, opset: int) -> list:
     return [np.asarray(r) for r in result]
 
 
+def _check_fold_size(g: nx.DiGraph, nid: str, d: dict, values: list) -> None:
+    """Raise UnsupportedError (the bytes needed, the node) before folding a node whose output could not be
+    allocated: a ConstantOfShape's shape is its input; other outputs have the shapes onnx inferred."""
+    shapes = []
+    if d["op"] == "ConstantOfShape" and values and values[0] is not None:
+        fill = d["attrs"].get("value", np.zeros(1, np.float32))
+        shapes.append((d["outputs"][0], [int(v) for v in np.asarray(values[0]).reshape(-1)],
+                       np.asarray(fill).dtype))
+    else:
+        for t in d["outputs"]:
+            info = g.graph["tensors"].get(t) if t else None
+            if info is not None and info.shape is not None and info.dtype is not None:
+                shapes.append((t, list(info.shape), np.dtype(info.dtype)))
+    for t, shape, dtype in shapes:
+        if any(v < 0 for v in shape):
+            continue  # an invalid shape: the node stays, check_shapes names it
+        error = too_large(f"tensor {t!r} ({dtype.name}{shape}) computed by node {nid} ({d['op']}) at compile "
+                          f"time", int(np.prod(shape, dtype=object)) * dtype.itemsize)
+        if error is not None:
+            raise error
+
+
 def fold_constants(g: nx.DiGraph) -> nx.DiGraph:
     """Evaluate every node whose inputs are all compile-time constants; Shape/Size of static tensors fold too.
 
-    The folded node disappears and its outputs join ``g.graph["constants"]``.
+    The folded node disappears and its outputs join ``g.graph["constants"]``. A node onnx's reference
+    evaluator cannot run stays in the graph (later checks name what is wrong with it); one whose output
+    would not fit in memory raises :class:`~polyc.errors.UnsupportedError` giving the bytes needed.
     """
     g = copy_graph(g)
     consts = g.graph["constants"]
@@ -146,7 +171,14 @@ def fold_constants(g: nx.DiGraph) -> nx.DiGraph:
         else:
             if not all(t == "" or t in consts for t in d["inputs"]):
                 continue
-            results = evaluate_node(d, [consts[t] if t else None for t in d["inputs"]], g.graph["opset"])
+            values = [consts[t] if t else None for t in d["inputs"]]
+            _check_fold_size(g, nid, d, values)
+            try:
+                results = evaluate_node(d, values, g.graph["opset"])
+            except Exception:  # onnx's reference evaluator rejects the node: it stays, later checks name it
+                continue
+            if len(results) < len([o for o in d["outputs"] if o]):
+                continue
         remove_op(g, nid)
         for name, value in zip(d["outputs"], results):
             if name:
@@ -415,7 +447,12 @@ def eliminate_dead_code(g: nx.DiGraph) -> nx.DiGraph:
 def infer_static_shapes(g: nx.DiGraph) -> nx.DiGraph:
     """Re-run onnx shape inference on the graph; every tensor a node writes must get a static shape."""
     g = copy_graph(g)
-    model = infer_shapes(to_model(g, weights=False))
+    try:
+        model = to_model(g, weights=False)
+    except Exception as e:  # onnx.helper on a value it cannot serialise
+        raise CompileError(f"cannot re-export the simplified graph for shape inference: {type(e).__name__}: {e}") \
+            from e
+    model = infer_shapes(model)
     infos = {}
     for vi in list(model.graph.value_info) + list(model.graph.output):
         t = vi.type.tensor_type
@@ -430,7 +467,7 @@ def infer_static_shapes(g: nx.DiGraph) -> nx.DiGraph:
             if t not in infos:
                 raise ShapeError(f"tensor {t!r} written by node {nid} ({d['op']}) has no static shape "
                                  f"after shape inference", hint="pin dynamic input dims with input_shapes=")
-            if 0 in infos[t].shape:
+            if 0 in infos[t].shape and min(infos[t].shape) >= 0:  # negative sizes: check_shapes names them
                 raise UnsupportedError(f"tensor {t!r} written by node {nid} ({d['op']}) has shape "
                                        f"{infos[t].shape}: zero-size tensors are not supported")
             g.graph["tensors"][t] = infos[t]
