@@ -43,6 +43,10 @@ I1, I8, I32, I64, PTR = X.I1, X.I8, X.I32, X.I64, X.PTR
 #: Loops with a constant trip count up to this many iterations are fully unrolled under an "unroll" mark.
 MAX_FULL_UNROLL = 64
 
+#: The pointer argument every region function takes after the tensors: an array of one shadow buffer per
+#: tensor in ``Kernel.shadows`` (compensated sums, :func:`fold_sum`), allocated by the entry function.
+SHADOWS = ".shadows"
+
 _OP = isl.ast_expr_op_type
 _NODE = isl.ast_node_type
 
@@ -97,6 +101,8 @@ class Kernel:
     options: Options
     statements: dict[str, PolyStatement]
     _counter: itertools.count = field(default_factory=itertools.count)
+    #: tensors whose compensated sums (:func:`fold_sum`) keep a shadow buffer, in shadow-array order
+    shadows: list[str] = field(default_factory=list)
 
     def fresh(self, what: str) -> str:
         """A function name unique in the module: ``<kernel>.<what><n>``."""
@@ -106,26 +112,39 @@ class Kernel:
         """The environment ``stmt``'s expressions are emitted in (scalar)."""
         return X.Env(self.module, self.scop, region.tensors, indices, region.fail, safe_reads=stmt.safe_reads)
 
+    def pointer_names(self) -> list[str]:
+        """The pointer arguments of every region function: the tensors in Scop order, then :data:`SHADOWS`."""
+        return [t.name for t in self.scop.tensors] + [SHADOWS]
+
     def new_region(self, name: str, extra: list[str], in_parallel: bool = False) -> tuple[Region, list]:
-        """``define internal i32 @name(ptr noalias %<tensor>..., i64 %<extra>...)`` and its Region.
+        """``define internal i32 @name(ptr noalias %<tensor>..., ptr noalias %.shadows, i64 %<extra>...)``
+        and its Region.
 
         Returns the region and the i64 arguments named by ``extra``.
         """
-        tensors = self.scop.tensors
-        fnty = ir.FunctionType(I32, [PTR] * len(tensors) + [I64] * len(extra))
+        pointers = self.pointer_names()
+        fnty = ir.FunctionType(I32, [PTR] * len(pointers) + [I64] * len(extra))
         fn = ir.Function(self.module, fnty, name)
         fn.linkage = "internal"
         fn.attributes.add("nounwind")
-        for arg, t in zip(fn.args, tensors):
-            arg.name = t.name
+        for arg, n in zip(fn.args, pointers):
+            arg.name = n
             arg.add_attribute("noalias")
-        for arg, n in zip(fn.args[len(tensors):], extra):
+        for arg, n in zip(fn.args[len(pointers):], extra):
             arg.name = n
         entry = fn.append_basic_block("entry")
         start = fn.append_basic_block("start")
         ir.IRBuilder(entry).branch(start)
-        region = Region(fn, start, {t.name: a for t, a in zip(tensors, fn.args)}, in_parallel=in_parallel)
-        return region, list(fn.args[len(tensors):])
+        region = Region(fn, start, dict(zip(pointers, fn.args)), in_parallel=in_parallel)
+        return region, list(fn.args[len(pointers):])
+
+    def shadow(self, r: Region, tensor: str, b: ir.IRBuilder) -> ir.Value:
+        """The shadow buffer of ``tensor`` in region ``r`` (registered on first use; :func:`fold_sum`)."""
+        if tensor not in self.shadows:
+            self.shadows.append(tensor)
+        slot = b.gep(r.tensors[SHADOWS], [ir.Constant(I64, self.shadows.index(tensor))], inbounds=True,
+                     source_etype=PTR)
+        return b.load(slot, typ=PTR, align=8)
 
 
 def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: Target,
@@ -159,12 +178,44 @@ def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: 
             continue
         slot = b.gep(fn.args[0], [ir.Constant(I64, i)], inbounds=True, source_etype=PTR)
         pointers.append(b.load(slot, name=t.name, typ=PTR, align=8))
-    status = b.call(region.fn, pointers)
+    shadows = _allocate_shadows(kernel, fn, b)
+    locals_ += shadows[1]
+    status = b.call(region.fn, pointers + [shadows[0]])
     free = X.declare(module, "free", ir.FunctionType(ir.VoidType(), [PTR]))
     for p in locals_:
         b.call(free, [p])
     b.ret(status)
     return fn
+
+
+def _allocate_shadows(k: Kernel, fn: ir.Function, b: ir.IRBuilder) -> tuple[ir.Value, list[ir.Value]]:
+    """``(array, buffers)``: one zeroed shadow buffer (``calloc``: two elements per element of the tensor,
+    see :func:`fold_sum`) per tensor in ``k.shadows``, and the array of their pointers the region functions
+    take as :data:`SHADOWS` (a null pointer when there is none). The kernel returns STATUS_NO_MEMORY when an
+    allocation fails. Leaves ``b`` where the buffers are valid."""
+    if not k.shadows:
+        return ir.Constant(PTR, None), []
+    calloc = X.declare(k.module, "calloc", ir.FunctionType(PTR, [I64, I64]))
+    free = X.declare(k.module, "free", ir.FunctionType(ir.VoidType(), [PTR]))
+    array = b.alloca(ir.ArrayType(PTR, len(k.shadows)), name="shadows")
+    array.type = PTR
+    buffers, failed = [], ir.Constant(I1, 0)
+    for i, name in enumerate(k.shadows):
+        t = k.scop.tensor(name)
+        p = b.call(calloc, [ir.Constant(I64, 2 * max(1, t.size)), ir.Constant(I64, X.element_bytes(t.dtype))],
+                   name=f"{name}.shadow")
+        b.store(p, b.gep(array, [ir.Constant(I64, i)], inbounds=True, source_etype=PTR))
+        failed = b.or_(failed, b.icmp_unsigned("==", p, ir.Constant(PTR, None)))
+        buffers.append(p)
+    ok = fn.append_basic_block("shadows.allocated")
+    no_memory = fn.append_basic_block("shadows.no_memory")
+    b.cbranch(failed, no_memory, ok)
+    nb = ir.IRBuilder(no_memory)
+    for p in buffers:
+        nb.call(free, [p])
+    nb.ret(ir.Constant(I32, STATUS_NO_MEMORY))
+    b.position_at_end(ok)
+    return array, buffers
 
 
 #: Status a kernel returns when a local buffer (a packed operand) cannot be allocated.
@@ -274,6 +325,65 @@ def emit_statement(env: X.Env, stmt: PolyStatement, b: ir.IRBuilder) -> None:
     X.store(env, stmt.tensor, flat, X.emit_update(env, stmt.op, dtype, stmt.rhs, old, b), b)
 
 
+# ---- compensated sums ----
+
+#: Float ``+=`` reductions of at least this many terms per element accumulate in register partials of at most
+#: this many terms (numpy's pairwise block: 128) that are added to the element with :func:`fold_sum`.
+SUM_BLOCK = 128
+
+
+def compensated(k: Kernel, stmt: PolyStatement) -> bool:
+    """Whether ``stmt`` is a float ``+=`` reduction long enough (more than :data:`SUM_BLOCK` terms per element,
+    from the Scop's index ranges) to be summed in blocks with :func:`fold_sum`."""
+    if stmt.op != "+=" or k.scop.tensor(stmt.tensor).dtype not in ("float32", "float64"):
+        return False
+    terms = 1
+    for index in stmt.indices:
+        if index not in stmt.lhs:
+            lo, hi = k.scop.ranges.get((stmt.name, index), (0, 0))
+            terms *= max(0, hi - lo)
+    return terms > SUM_BLOCK
+
+
+def fold_sum(k: Kernel, r: Region, tensor: str, flat: ir.Value, partial: ir.Value, b: ir.IRBuilder) -> None:
+    """``tensor[flat] += partial`` as a compensated sum (Neumaier's variant of Kahan summation).
+
+    A long reduction adds many block partials (register sums of at most :data:`SUM_BLOCK` terms, or a vector
+    reduction's fold) to one element; added plainly, the error grows with the number of partials. Here the
+    element's shadow (two elements per element of the tensor, ``Kernel.shadow``) keeps the running sum ``s``
+    and the rounding error ``c`` lost so far; the element itself holds ``s + c``::
+
+        if (fl(s + c) != T) { s = T; c = 0; }      // T was written by anything else: restart from it
+        t = s + x
+        c += |s| >= |x| ? (s - t) + x : (x - t) + s  // the low bits t lost (exact: TwoSum's error term)
+        s = t; T = s + c                             // (c unchanged when t is not finite)
+
+    So the element's error stays about one rounding whatever the number of partials. The check makes the
+    shadow need no initialisation beyond zero: an initialisation, a plain update or a NaN restarts it.
+    """
+    dtype = k.scop.tensor(tensor).dtype
+    ty = X.llvm_type(dtype)
+    env = X.Env(k.module, k.scop, r.tensors, {}, r.fail)
+    element = X.element_pointer(env, tensor, flat, b)
+    base = k.shadow(r, tensor, b)
+    s_ptr = b.gep(base, [b.mul(flat, ir.Constant(I64, 2))], inbounds=True, source_etype=ty)
+    c_ptr = b.gep(s_ptr, [ir.Constant(I64, 1)], inbounds=True, source_etype=ty)
+    old = b.load(element, typ=ty)
+    s, c = b.load(s_ptr, typ=ty), b.load(c_ptr, typ=ty)
+    valid = b.fcmp_ordered("==", b.fadd(s, c), old)
+    zero = ir.Constant(ty, 0.0)
+    s, c = b.select(valid, s, old), b.select(valid, c, zero)
+    t = b.fadd(s, partial)
+    fabs = X.intrinsic(k.module, "fabs", ty, 1)
+    s_big = b.fcmp_ordered(">=", b.call(fabs, [s]), b.call(fabs, [partial]))
+    error = b.select(s_big, b.fadd(b.fsub(s, t), partial), b.fadd(b.fsub(partial, t), s))
+    finite = b.fcmp_ordered("!=", b.call(fabs, [t]), ir.Constant(ty, float("inf")))
+    c = b.select(finite, b.fadd(c, error), c)
+    b.store(t, s_ptr)
+    b.store(c, c_ptr)
+    b.store(b.fadd(t, c), element)
+
+
 # ---- for loops ----
 
 def emit_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block, mark: str | None = None) -> ir.Block:
@@ -293,7 +403,14 @@ def emit_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block, mark: str
 
 
 def emit_sequential_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
-    """``for (it = init; cond; it += inc) body`` (``isl_ast_node_for_get_init/cond/inc/body``) as a loop."""
+    """``for (it = init; cond; it += inc) body`` (``isl_ast_node_for_get_init/cond/inc/body``) as a loop.
+
+    A loop that is one long float sum into an element that stays put is summed in blocks instead
+    (:func:`polyc.codegen.vector.emit_blocked_reduction`), whatever its mark.
+    """
+    from .vector import blocked_reduction_plan, emit_blocked_reduction  # vector.py builds on this module
+    if not node.for_is_degenerate() and (user := blocked_reduction_plan(k, node)) is not None:
+        return emit_blocked_reduction(k, r, node, block, user)
     it = node.for_get_iterator().get_id().name
     b = ir.IRBuilder(block)
     init = emit_isl_expr(r.ids, node.for_get_init(), b)
@@ -488,7 +605,7 @@ def emit_parallel_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) 
                     ir.Constant(I64, step), lambda blk: emit_node(k, sub, body, blk))
     ir.IRBuilder(end).ret(ir.Constant(I32, 0))
 
-    n_tensors = len(k.scop.tensors)
+    n_tensors = len(k.pointer_names())
     ctx_ty = ir.LiteralStructType([PTR] * n_tensors + [I64, I64] + [I64] * len(live) + [I32])
     result_field = n_tensors + 2 + len(live)
     start = ir.Function(k.module, ir.FunctionType(PTR, [PTR]), name)
@@ -516,7 +633,7 @@ def emit_parallel_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) 
         k1 = bb.sdiv(bb.mul(n, bb.add(t, ir.Constant(I64, 1))), T)
         first = bb.add(init, bb.mul(k0, ir.Constant(I64, step)))
         last = bb.add(init, bb.mul(bb.sub(k1, ir.Constant(I64, 1)), ir.Constant(I64, step)))
-        values = [r.tensors[t_.name] for t_ in k.scop.tensors] + [first, last] + [r.ids[v] for v in live]
+        values = [r.tensors[p] for p in k.pointer_names()] + [first, last] + [r.ids[v] for v in live]
         for i, v in enumerate(values + [ir.Constant(I32, 0)]):
             bb.store(v, _field(bb, ctx_ty, ctx, i))
         return bb.block

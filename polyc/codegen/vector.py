@@ -27,8 +27,8 @@ from llvmlite import ir
 
 from ..lang import ast as L
 from . import expr as X
-from .llvm import (Kernel, Region, emit_isl_expr, emit_loop, emit_node, emit_sequential_for, emit_trip_count,
-                   loop_bounds, uses_id, with_id)
+from .llvm import (SUM_BLOCK, Kernel, Region, compensated, emit_isl_expr, emit_loop, emit_node,
+                   emit_sequential_for, emit_trip_count, fold_sum, loop_bounds, uses_id, with_id)
 
 I64 = X.I64
 _OP = isl.ast_expr_op_type
@@ -237,35 +237,54 @@ def reduction_plan(k: Kernel, node: isl.AstNode):
 #: FMA or add (4 cycles) at two per cycle, so the loop runs at load throughput instead of add latency.
 REDUCTION_ACCUMULATORS = 4
 
+#: A compensated sum (:func:`~polyc.codegen.llvm.compensated`) along the vector loop folds its accumulators
+#: into the element after every chunk of this many vector steps per accumulator (each of the ``U x W``
+#: partials then sums at most 32 terms: numpy's pairwise blocks sum 16 per accumulator).
+SUM_CHUNK_STEPS = 32
+
 
 def emit_vector_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block, lanes: int,
                           strides: dict, user: isl.AstNode) -> ir.Block:
     """A reduction along the loop with ``U x lanes`` partial results in ``U`` vector registers
-    (``U`` = :data:`REDUCTION_ACCUMULATORS`)::
+    (``U`` = :data:`REDUCTION_ACCUMULATORS`, ``W`` = ``lanes``, ``C`` = :data:`SUM_CHUNK_STEPS`)::
 
         acc_0..acc_{U-1} = splat(identity)
-        for (c = lo; c < lo + n/(U W)*(U W); c += U W)   acc_u = acc_u op rhs[c + u W : c + (u+1) W]   (each u)
-        for (; c < lo + n/W*W; c += W)                   acc_0 = acc_0 op rhs[c : c+W]
-        T[...] = T[...] op tree_reduce(acc_0 op ... op acc_{U-1})   ; log2(W) halving steps, the statement's op
-        for (; c <= hi; c += 1)                          T[...] = T[...] op rhs[c]
+        for (cc = lo; cc < lo + n/(C U W)*(C U W); cc += C U W) {      // compensated sums only
+            for (c = cc; c < cc + C U W; c += U W)   acc_u = acc_u op rhs[c + u W : c + (u+1) W]   (each u)
+            fold_sum(T[...], tree_reduce(acc_0 op ... op acc_{U-1}));  acc_u = splat(identity)
+        }
+        for (; c < lo + n/(U W)*(U W); c += U W)     acc_u = acc_u op rhs[c + u W : c + (u+1) W]   (each u)
+        for (; c < lo + n/W*W; c += W)               acc_0 = acc_0 op rhs[c : c+W]
+        p = tree_reduce(acc_0 op ... op acc_{U-1})   ; log2(W) halving steps, the statement's op
+        for (; c <= hi; c += 1)                      p = p op rhs[c]
+        T[...] = T[...] op p                         ; fold_sum(T[...], p) for a compensated sum
 
     The partial sums are combined in a different order than the sequential loop (reassociation: float
-    sums differ in the last bits, as numpy's pairwise sums do)."""
+    sums differ in the last bits, as numpy's pairwise sums do). A compensated sum (a long float ``+=``)
+    adds each chunk's partial to the element with :func:`~polyc.codegen.llvm.fold_sum`, so its error does
+    not grow with the length of the loop nor with the number of tiles that fold into the element."""
     from ..poly.build import identity_value
 
     call = user.user_get_expr()
     stmt = k.statements[call.get_op_arg(0).get_id().name]
     dtype = k.scop.tensor(stmt.tensor).dtype
+    exact = compensated(k, stmt)
     it = node.for_get_iterator().get_id().name
     b = ir.IRBuilder(block)
     init, last, n = emit_trip_count(r, loop_bounds(node), b)
     wide = lanes * REDUCTION_ACCUMULATORS
-    unrolled_end = b.add(init, b.mul(b.sdiv(n, ir.Constant(I64, wide)), ir.Constant(I64, wide)))
-    vector_end = b.add(init, b.mul(b.sdiv(n, ir.Constant(I64, lanes)), ir.Constant(I64, lanes)))
+    chunk = wide * SUM_CHUNK_STEPS
+
+    def end(size: int) -> ir.Value:
+        return b.add(init, b.mul(b.sdiv(n, ir.Constant(I64, size)), ir.Constant(I64, size)))
+
+    chunks_end = end(chunk) if exact else init
+    unrolled_end, vector_end = end(wide), end(lanes)
     vty = X.llvm_type(dtype, lanes)
     accs = [r.alloca(vty, f"acc{u}") for u in range(REDUCTION_ACCUMULATORS)]
+    identity = X.const(vty, identity_value(stmt.op, dtype))
     for acc in accs:
-        b.store(X.const(vty, identity_value(stmt.op, dtype)), acc)
+        b.store(identity, acc)
 
     def update(bb: ir.IRBuilder, acc) -> None:
         indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
@@ -285,13 +304,8 @@ def emit_vector_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Blo
         update(bb, accs[0])
         return bb.block
 
-    after = emit_loop(r, b.block, it, init, lambda bb, iv: bb.icmp_signed("<", iv, unrolled_end),
-                      ir.Constant(I64, wide), unrolled)
-    after = emit_loop(r, after, it, unrolled_end, lambda bb, iv: bb.icmp_signed("<", iv, vector_end),
-                      ir.Constant(I64, lanes), single)
-
-    def fold() -> ir.Block:
-        bb = ir.IRBuilder(after)
+    def partial(bb: ir.IRBuilder) -> ir.Value:
+        """The accumulators reduced to one scalar: across accumulators, then log2(lanes) halving steps."""
         value = bb.load(accs[0], typ=vty)
         for acc in accs[1:]:
             value = X.combine(bb, stmt.op, dtype, value, bb.load(acc, typ=vty))
@@ -304,13 +318,132 @@ def emit_vector_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Blo
                                    ir.Constant(ir.VectorType(X.I32, half), list(range(half, width))))
             value = X.combine(bb, stmt.op, dtype, lo, hi)
             width = half
-        total = bb.extract_element(value, ir.Constant(X.I32, 0))
+        return bb.extract_element(value, ir.Constant(X.I32, 0))
+
+    def store(bb: ir.IRBuilder, value: ir.Value) -> None:
+        """``T[...] = T[...] op value`` (``fold_sum`` for a compensated sum); ``T``'s indices do not move."""
         indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
         env = X.Env(k.module, k.scop, r.tensors, indices, r.fail)
         flat = X.flat_index(env, stmt.tensor, [indices[i] for i in stmt.lhs], bb)
-        X.store(env, stmt.tensor, flat, X.combine(bb, stmt.op, dtype, X.load(env, stmt.tensor, flat, bb), total), bb)
+        if exact:
+            fold_sum(k, r, stmt.tensor, flat, value, bb)
+        else:
+            X.store(env, stmt.tensor, flat, X.combine(bb, stmt.op, dtype, X.load(env, stmt.tensor, flat, bb),
+                                                      value), bb)
+
+    def chunk_body(blk: ir.Block) -> ir.Block:
+        start = r.ids[f"{it}.chunk"]
+        stop = ir.IRBuilder(blk).add(start, ir.Constant(I64, chunk))
+        after = emit_loop(r, blk, it, start, lambda bb, iv: bb.icmp_signed("<", iv, stop),
+                          ir.Constant(I64, wide), unrolled)
+        bb = ir.IRBuilder(after)
+        with_id(r, it, start, lambda: store(bb, partial(bb)))
+        for acc in accs:
+            bb.store(identity, acc)
         return bb.block
 
-    after = with_id(r, it, init, fold)
-    return emit_loop(r, after, it, vector_end, lambda bb, iv: bb.icmp_signed("<=", iv, last),
-                     ir.Constant(I64, 1), lambda blk: emit_node(k, r, node.for_get_body(), blk))
+    after = b.block
+    if exact:
+        after = emit_loop(r, after, f"{it}.chunk", init, lambda bb, iv: bb.icmp_signed("<", iv, chunks_end),
+                          ir.Constant(I64, chunk), chunk_body)
+    after = emit_loop(r, after, it, chunks_end, lambda bb, iv: bb.icmp_signed("<", iv, unrolled_end),
+                      ir.Constant(I64, wide), unrolled)
+    after = emit_loop(r, after, it, unrolled_end, lambda bb, iv: bb.icmp_signed("<", iv, vector_end),
+                      ir.Constant(I64, lanes), single)
+    # the scalar remainder into the partial p, then one update of the element
+    value = r.alloca(X.llvm_type(dtype), "partial")
+    bb = ir.IRBuilder(after)
+    bb.store(partial(bb), value)
+
+    def remainder(blk: ir.Block) -> ir.Block:
+        bb = ir.IRBuilder(blk)
+        indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
+        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, safe_reads=stmt.safe_reads)
+        bb.store(X.emit_update(env, stmt.op, dtype, stmt.rhs, bb.load(value, typ=value_type), bb), value)
+        return bb.block
+
+    value_type = X.llvm_type(dtype)
+    after = emit_loop(r, after, it, vector_end, lambda bb, iv: bb.icmp_signed("<=", iv, last),
+                      ir.Constant(I64, 1), remainder)
+    bb = ir.IRBuilder(after)
+    with_id(r, it, init, lambda: store(bb, bb.load(value, typ=value_type)))
+    return bb.block
+
+
+# ---- scalar reductions into one element ----
+
+def blocked_reduction_plan(k: Kernel, node: isl.AstNode):
+    """The user node of a loop that is one compensated sum (:func:`~polyc.codegen.llvm.compensated`) into
+    an element that stays put along the loop, not reading the reduced tensor; else None."""
+    bounds = loop_bounds(node)
+    users = _user_nodes(node.for_get_body())
+    if bounds is None or not users or len(users) != 1:
+        return None
+    it = node.for_get_iterator().get_id().name
+    call = users[0].user_get_expr()
+    stmt = k.statements.get(call.get_op_arg(0).get_id().name)
+    if stmt is None or call.get_op_n_arg() - 1 != len(stmt.indices) or not compensated(k, stmt):
+        return None
+    strides = {}
+    for n, index in enumerate(stmt.indices):
+        c = _coefficient(call.get_op_arg(n + 1), it)
+        if c is None:
+            return None
+        strides[index] = c
+    lhs = [L.Ident(i, dtype="int32", kind="index") for i in stmt.lhs]
+    if X.flat_stride(k.scop, stmt.tensor, lhs, strides) != 0:
+        return None
+    if any(isinstance(e, L.Access) and e.tensor == stmt.tensor for e in _walk(stmt.rhs)):
+        return None
+    return users[0]
+
+
+def emit_blocked_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block,
+                           user: isl.AstNode) -> ir.Block:
+    """A scalar sum into one element (:func:`blocked_reduction_plan`) in blocks of at most
+    :data:`~polyc.codegen.llvm.SUM_BLOCK` iterations, each summed in a register and added with
+    :func:`~polyc.codegen.llvm.fold_sum`::
+
+        for (cb = lo; cb <= hi; cb += B * step) {
+            p = 0
+            for (c = cb; c <= min(hi, cb + (B - 1) * step); c += step)   p += rhs(c)
+            fold_sum(T[...], p)
+        }
+
+    The error is that of a sum of ``B`` terms plus about one rounding, instead of growing with the loop."""
+    call = user.user_get_expr()
+    stmt = k.statements[call.get_op_arg(0).get_id().name]
+    dtype = k.scop.tensor(stmt.tensor).dtype
+    ty = X.llvm_type(dtype)
+    it = node.for_get_iterator().get_id().name
+    b = ir.IRBuilder(block)
+    bounds = loop_bounds(node)
+    init, last, _ = emit_trip_count(r, bounds, b)
+    step = ir.Constant(I64, bounds[2])
+    value = r.alloca(ty, "partial")
+    # the element's indices do not move along the loop: its flat index at the first iteration
+    indices = with_id(r, it, init, lambda: {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), b)
+                                            for n, i in enumerate(stmt.indices)})
+    flat = X.flat_index(X.Env(k.module, k.scop, r.tensors, indices, r.fail), stmt.tensor,
+                        [indices[i] for i in stmt.lhs], b)
+
+    def term(blk: ir.Block) -> ir.Block:
+        bb = ir.IRBuilder(blk)
+        indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
+        env = k.env(r, indices, stmt)
+        bb.store(X.emit_update(env, "+=", dtype, stmt.rhs, bb.load(value, typ=ty), bb), value)
+        return bb.block
+
+    def blocked(blk: ir.Block) -> ir.Block:
+        bb = ir.IRBuilder(blk)
+        start = r.ids[f"{it}.block"]
+        stop = bb.add(start, ir.Constant(I64, (SUM_BLOCK - 1) * bounds[2]))
+        stop = bb.select(bb.icmp_signed("<", last, stop), last, stop)
+        bb.store(ir.Constant(ty, 0.0), value)
+        after = emit_loop(r, bb.block, it, start, lambda bx, iv: bx.icmp_signed("<=", iv, stop), step, term)
+        bb = ir.IRBuilder(after)
+        fold_sum(k, r, stmt.tensor, flat, bb.load(value, typ=ty), bb)
+        return bb.block
+
+    return emit_loop(r, b.block, f"{it}.block", init, lambda bb, iv: bb.icmp_signed("<=", iv, last),
+                     ir.Constant(I64, SUM_BLOCK * bounds[2]), blocked)
