@@ -8,7 +8,10 @@ A recursive-descent parser over the tokens of :mod:`polyc.lang.lexer`; expressio
     True
 
 ``NAME(args)`` is a :class:`Cast` when ``NAME`` is a type, a :class:`Call` when it is one of
-:data:`~polyc.lang.ast.BUILTINS`, and a tensor :class:`Access` otherwise. The parser raises only
+:data:`~polyc.lang.ast.BUILTINS`, and a tensor :class:`Access` otherwise. A left-hand side takes index
+variables only (TC's rule: ``T(i, j) = ...``; ``T(i*i)`` or ``T(i+1)`` is a ParseError at the index), so every
+write is in bounds once ranges are inferred; any expression may index a read (non-affine and data-dependent
+reads are checked at run time, see ``polyc.poly.build.mark_checked``). The parser raises only
 :class:`ParseError` (with the source attached, so the caret shows) and :class:`UnsupportedError` (float16).
 """
 from __future__ import annotations
