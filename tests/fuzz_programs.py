@@ -393,12 +393,13 @@ def generate(seed: int, n_sizes: int | None = None, parallel: bool | None = None
     d = R.Def(f"f{seed % 1000}", g.params, g.outputs, g.statements)
     text = R.def_text(d)
     # sizes: small (1 likely), odd primes, a bit larger
-    n_sizes = n_sizes or rng.choice((2, 3))
+    n_sizes = n_sizes or rng.choice((2, 2, 3))
     pools = [(1, 1, 2, 3), (3, 5, 7), (7, 8, 9, 11, 13)]
     sizes = [{s: rng.choice(pools[k]) for s in g.sizes} for k in range(n_sizes)]
+    # the default options at every size; naive, fusion=min and tiles+threads at one size each; one of the
+    # more exotic sets (wild, identity) at one size
     plan = [("default", OPTION_SETS["default"], k) for k in range(n_sizes)]
-    others = [name for name in OPTION_SETS if name != "default"]
-    for j, name in enumerate(others):
+    for name in ("naive", "fusion=min", "tiles", rng.choice(("wild", "identity"))):
         plan.append((name, OPTION_SETS[name], rng.randrange(n_sizes)))
     if parallel is None:
         parallel = rng.random() < 0.05

@@ -610,6 +610,8 @@ def infer_ranges(stmt: Statement, index_names: list, shapes: dict, sizes: dict):
 _CMP = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal, "==": np.equal,
         "!=": np.not_equal}
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
+#: The machine epsilon of each float type: error scales are absolute (value units).
+EPS = {"float32": float(np.finfo(np.float32).eps), "float64": float(np.finfo(np.float64).eps)}
 
 
 @dataclass
@@ -630,8 +632,8 @@ class _Evaluator:
 
     def const(self, v):
         arr = np.asarray(v)
-        return Value(self.full(arr), self.full(np.abs(arr).astype(np.float64) if arr.dtype != bool else 0.0),
-                     self.full(False))
+        rounding = np.abs(arr).astype(np.float64) * EPS["float32"] if arr.dtype.kind == "f" else 0.0
+        return Value(self.full(arr), self.full(rounding), self.full(False))
 
     def eval(self, e) -> Value:
         kind = e[0]
@@ -721,22 +723,23 @@ class _Evaluator:
             dtype = "int32"
         av, bv = self._as(a.v, dtype), self._as(b.v, dtype)
         if _is_float(dtype):
+            eps = EPS[dtype]
             with np.errstate(all="ignore"):
                 if op == "+":
                     v = av + bv
-                    err = a.err + b.err + np.abs(v)
+                    err = a.err + b.err + eps * np.abs(v)
                 elif op == "-":
                     v = av - bv
-                    err = a.err + b.err + np.abs(v)
+                    err = a.err + b.err + eps * np.abs(v)
                 elif op == "*":
                     v = av * bv
-                    err = a.err * np.abs(bv) + b.err * np.abs(av) + a.err * b.err + np.abs(v)
+                    err = a.err * np.abs(bv) + b.err * np.abs(av) + a.err * b.err + eps * np.abs(v)
                 elif op == "/":
                     v = av / bv
-                    err = (a.err + np.abs(v) * b.err) / np.abs(bv) + np.abs(v)
+                    err = (a.err + np.abs(v) * b.err) / np.abs(bv) + eps * np.abs(v)
                 elif op == "%":
                     v = np.mod(av, bv)
-                    err = a.err + b.err + np.abs(v)
+                    err = a.err + b.err + eps * np.abs(v)
                 else:
                     raise TCError(op)
             return Value(v, err, bad)
@@ -760,6 +763,7 @@ class _Evaluator:
         bad = np.logical_or.reduce([a.bad for a in args]) if args else self.full(False)
         vs = [self._as(a.v, dtype) for a in args]
         errs = [a.err for a in args]
+        eps = EPS.get(dtype, 0.0)
         with np.errstate(all="ignore"):
             if func in ("abs", "fabs"):
                 v, err = np.abs(vs[0]), errs[0]
@@ -768,31 +772,31 @@ class _Evaluator:
                 v, err = f(vs[0], vs[1]), np.maximum(errs[0], errs[1])
             elif func == "exp":
                 v = np.exp(vs[0])
-                err = v * (errs[0] + 1)
+                err = v * (errs[0] + eps)
             elif func == "log":
                 v = np.log(vs[0])
-                err = errs[0] / np.abs(vs[0]) + np.abs(v) + 1
+                err = errs[0] / np.abs(vs[0]) + eps * (np.abs(v) + 1)
             elif func == "sqrt":
                 v = np.sqrt(vs[0])
-                err = errs[0] / (2 * v) + v
+                err = errs[0] / (2 * v) + eps * v
             elif func == "rsqrt":
                 v = 1 / np.sqrt(vs[0])
-                err = errs[0] * v / (2 * np.abs(vs[0])) + v
+                err = errs[0] * v / (2 * np.abs(vs[0])) + eps * v
             elif func == "tanh":
-                v, err = np.tanh(vs[0]), errs[0] + 1
+                v, err = np.tanh(vs[0]), errs[0] + eps
             elif func == "sigmoid":
-                v, err = 1 / (1 + np.exp(-vs[0])), errs[0] / 4 + 1
+                v, err = 1 / (1 + np.exp(-vs[0])), errs[0] / 4 + eps
             elif func == "erf":
-                v, err = np.vectorize(math.erf, otypes=[np.float64])(vs[0]), errs[0] * 1.13 + 1
+                v, err = np.vectorize(math.erf, otypes=[np.float64])(vs[0]), errs[0] * 1.13 + eps
             elif func == "sin":
-                v, err = np.sin(vs[0]), errs[0] + 1
+                v, err = np.sin(vs[0]), errs[0] + eps
             elif func == "cos":
-                v, err = np.cos(vs[0]), errs[0] + 1
+                v, err = np.cos(vs[0]), errs[0] + eps
             elif func in ("floor", "ceil"):
                 raise Unsupported("floor/ceil are discontinuous; the reference cannot bound their error")
             elif func == "fma":
                 v = vs[0] * vs[1] + vs[2]
-                err = errs[0] * np.abs(vs[1]) + errs[1] * np.abs(vs[0]) + errs[2] + np.abs(v) + np.abs(vs[0] * vs[1])
+                err = errs[0] * np.abs(vs[1]) + errs[1] * np.abs(vs[0]) + errs[2] + eps * (np.abs(v) + np.abs(vs[0] * vs[1]))
             else:
                 raise TCError(f"unknown builtin {func}")
         if not _is_float(dtype):
@@ -864,7 +868,7 @@ def run(d: Def | str, inputs) -> dict:
         if name in tensors:
             raise TCError(f"input {name} declared twice")
         v = arr.astype(np.float64) if _is_float(dtype) else arr.astype(np.int64)
-        tensors[name] = Tensor(v, np.abs(v).astype(np.float64) if _is_float(dtype) else np.zeros(arr.shape), dtype)
+        tensors[name] = Tensor(v, np.zeros(arr.shape), dtype)
         dtypes[name] = dtype
         shapes[name] = arr.shape
     params = {p[0] for p in d.params}
@@ -945,6 +949,9 @@ def _statement(s, d, sizes, tensors, dtypes, shapes, params, bound):
                 raise TCError(f"the write to {s.tensor} leaves its shape")
     v = ev._as(value.v, dtype)
     err = value.err
+    eps = EPS.get(dtype, 0.0)
+    if _is_float(dtype) and rhs_dtype == "float32" and dtype == "float64":  # computed in float32, widened
+        v = v.astype(np.float32).astype(np.float64)
     if not _is_float(dtype) and dtype != "bool":
         if v.size and (v.min() < INT32[0] or v.max() > INT32[1]):
             raise Unsupported("int32 overflow in the reference")
@@ -965,14 +972,14 @@ def _statement(s, d, sizes, tensors, dtypes, shapes, params, bound):
     with np.errstate(all="ignore"):
         if base == "+=":
             total = vv.sum(axis=red_axes) + cur_v
-            new_e = cur_e + np.where(domain, err, 0).sum(axis=red_axes) + \
+            new_e = cur_e + np.where(domain, err, 0).sum(axis=red_axes) + eps * \
                 (count + 1) * (np.abs(vv).sum(axis=red_axes) + np.abs(cur_v))
         elif base == "*=":
             if _is_float(dtype):
                 total = vv.prod(axis=red_axes) * cur_v
                 mags = np.where(domain, np.abs(vv) + err, 1.0)
                 upper = mags.prod(axis=red_axes) * (np.abs(cur_v) + cur_e)
-                new_e = upper - np.abs(total) + (count + 1) * np.abs(total)
+                new_e = upper - np.abs(total) + eps * (count + 1) * np.abs(total)
             else:
                 total = vv.prod(axis=red_axes) * cur_v
                 new_e = cur_e
@@ -1000,7 +1007,7 @@ def _widens(src, dst):
 
 # ---- comparison ------------------------------------------------------------------------------------------
 
-#: Tolerance factor on the error scale (units of the dtype's machine epsilon).
+#: Tolerance factor on the (absolute) error scale.
 TOLERANCE = 16
 
 
@@ -1017,7 +1024,7 @@ def compare(got: np.ndarray, expected: np.ndarray, err: np.ndarray, dtype: str) 
         g, e = got.astype(np.float64), expected.astype(np.float64)
         finite = np.isfinite(e)
         with np.errstate(all="ignore"):
-            tol = TOLERANCE * eps * np.where(np.isfinite(err), err, np.inf) + 1e-300
+            tol = TOLERANCE * np.where(np.isfinite(err), err, np.inf) + 1e-300
             close = np.abs(g - e) <= tol
         same_special = (np.isnan(g) & np.isnan(e)) | (g == e)
         wrong = ~np.where(finite, close, same_special)
