@@ -3,6 +3,7 @@
     model = load_model(path, input_shapes)      # onnx checker + strict shape inference, static inputs
     graph = from_model(model)                   # networkx graph IR
     graph = simplify(graph)                     # folding, CSE, BN folding, DCE, static shapes
+    check_sizes(graph); check_shapes(graph)     # fits in memory; every node's shapes fit its op
     check_supported(graph)                      # every unsupported node listed at once
     groups = fusion_groups(graph)               # which nodes become one kernel
     kernels = lower_groups(graph, groups)       # one TC def per kernel group
