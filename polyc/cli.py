@@ -5,11 +5,13 @@
     polyc run [MODEL.onnx] [--input NAME=file.npy ...] [--bench N]     (no model: the bundled ResNet-50)
     polyc compile MODEL.onnx [--show-groups]
 
-Errors of the compiler are printed as their message (no traceback) with exit status 1.
+Errors of the compiler and of the command line are printed as their message (no traceback) with exit status
+1; so is a bundled model whose output does not match the expected output shipped with it.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -45,14 +47,33 @@ def random_inputs(compiled, seed: int = 0) -> list[np.ndarray]:
     return arrays
 
 
+def read_source(path: str) -> str:
+    """The text of a .tc file; PolycError for an ONNX model or any file that is not UTF-8 text."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".onnx") or b"\0" in data[:4096]:
+        raise PolycError(f"{path} is an ONNX model (or another binary file), not a .tc definition",
+                         hint=f"'polyc compile {path} --show-groups' prints a model's fusion groups and the TC "
+                              "source of each kernel; 'polyc show' on one of those defs prints its stages")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PolycError(f"{path} is not a UTF-8 text file (byte {e.start}): expected a .tc definition") from None
+
+
 def _kernel(args):
     from .kernel import define
 
-    with open(args.file) as f:
-        source = f.read()
+    source = read_source(args.file)
     options = Options.from_spec(args.options) if args.options else None
     kernel = define(source, args.def_name, options, filename=args.file)
-    return kernel.specialize_sizes(parse_sizes(args.sizes), options)
+    sizes = parse_sizes(args.sizes)
+    unknown = [name for name in sizes if name not in kernel.checked.sizes]
+    if unknown:
+        raise PolycError(f"{kernel.name} has no size {', '.join(unknown)}; its sizes are "
+                         f"{', '.join(kernel.checked.sizes) or '(none)'}",
+                         hint="e.g. --sizes " + ",".join(f"{n}=64" for n in kernel.checked.sizes))
+    return kernel.specialize_sizes(sizes, options)
 
 
 def cmd_show(args) -> None:
@@ -65,14 +86,14 @@ def cmd_show(args) -> None:
         print(compiled.stage(stage))
 
 
-def cmd_run(args) -> None:
+def cmd_run(args) -> int:
     if args.file is None or args.file.endswith(".onnx"):
         return _run_model(args)
     compiled = _kernel(args)
     inputs = random_inputs(compiled)
     outputs = compiled(*inputs)
     times = []
-    for _ in range(max(1, args.runs)):
+    for _ in range(args.runs):
         t = time.perf_counter()
         compiled(*inputs)
         times.append(time.perf_counter() - t)
@@ -94,39 +115,94 @@ def _compile_model(args):
     return model
 
 
-def _feeds(model, specs: list[str]) -> dict:
-    """Feeds from ``NAME=file.npy`` specs; inputs not given get seeded random values."""
+#: ONNX ``elem_type`` -> numpy dtype name, for checking feeds before the model is compiled.
+_ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+                11: "float64", 12: "uint32", 13: "uint64"}
+
+
+def load_feeds(path: str, specs: list[str]) -> dict:
+    """``NAME=file.npy`` specs loaded and checked against the model's graph inputs (names, shapes, dtypes)
+    before anything is compiled; PolycError naming the input and what it expects."""
     given = {}
     for spec in specs:
         name, sep, file = spec.partition("=")
-        if not sep:
+        if not sep or not name or not file:
             raise PolycError(f"bad --input {spec!r}; expected NAME=file.npy")
-        given[name] = np.load(file)
+        try:
+            given[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise PolycError(f"--input {name}: cannot read {file} as a .npy array: {e}") from None
+    if not given:
+        return given
+    from .onnx.load import graph_inputs, load_model
+
+    expected = {}
+    for vi in graph_inputs(load_model(path)):
+        t = vi.type.tensor_type
+        expected[vi.name] = ([int(d.dim_value) for d in t.shape.dim], _ONNX_DTYPES.get(t.elem_type))
+    for name, value in given.items():
+        if name not in expected:
+            raise PolycError(f"unknown input {name!r}; the model's inputs are "
+                             + ", ".join(f"{n} {d or '?'}{s}" for n, (s, d) in expected.items()))
+        shape, dtype = expected[name]
+        if list(value.shape) != shape or (dtype is not None and value.dtype != np.dtype(dtype)):
+            raise PolycError(f"--input {name}: {file_of(specs, name)} holds {value.dtype}{list(value.shape)}, "
+                             f"the model expects {dtype or '?'}{shape}")
+    return given
+
+
+def file_of(specs: list[str], name: str) -> str:
+    return next((s.partition("=")[2] for s in specs if s.partition("=")[0] == name), "?")
+
+
+def _feeds(model, given: dict) -> dict:
+    """Feeds: the arrays ``given`` (checked by :func:`load_feeds`); inputs not given get seeded random
+    values."""
     rng = np.random.default_rng(0)
     feeds = {}
     for name, shape, dtype in zip(model.input_names, model.input_shapes, model.input_dtypes):
         if name in given:
-            feeds[name] = given.pop(name)
+            feeds[name] = given[name]
         elif np.issubdtype(dtype, np.floating):
             feeds[name] = rng.standard_normal(shape).astype(dtype)
         else:
             feeds[name] = rng.integers(0, 2, shape).astype(dtype)
-    if given:
-        raise PolycError(f"unknown input(s) {', '.join(given)}; the model's inputs are "
-                         f"{', '.join(model.input_names)}")
     return feeds
 
 
-def _run_model(args) -> None:
+def bundled_model_name(path: str) -> str | None:
+    """The name of a bundled model-zoo "light" model (``light_NAME.onnx`` in the onnx package's test data,
+    which ships its expected output), else None."""
+    from .onnx import testing
+
+    base = os.path.basename(path)
+    name = base[len("light_"):-len(".onnx")] if base.startswith("light_") and base.endswith(".onnx") else None
+    if name not in testing.LIGHT_MODELS or not os.path.samefile(os.path.dirname(os.path.abspath(path)),
+                                                                 testing.light_dir()):
+        return None
+    return name
+
+
+def _run_model(args) -> int:
+    from .onnx import light_model_path, testing
+
+    path = args.file or light_model_path("resnet50")
+    given = load_feeds(path, args.input)
+    bundled = bundled_model_name(path) if not given else None
     model = _compile_model(args)
     print(model.summary())
-    feeds = _feeds(model, args.input)
+    feeds = _feeds(model, given)
+    if bundled is not None:  # the input onnx's own test runner feeds this model, for its expected output
+        feeds[model.input_names[0]] = testing.dummy_input(model.input_shapes[0])
     outputs = model.run(feeds)
     for name, out in zip(model.output_names, outputs):
         flat = out.reshape(-1)
         top = int(np.argmax(flat)) if flat.size else -1
         print(f"output {name}: {out.dtype}{list(out.shape)} min={flat.min():.6g} max={flat.max():.6g} "
               f"mean={flat.mean():.6g} argmax={top}")
+    status = 0
+    if bundled is not None:
+        status = _compare_expected(bundled, outputs[0])
     runs = args.bench or 5
     times = []
     for _ in range(runs):
@@ -134,18 +210,67 @@ def _run_model(args) -> None:
         model.run(feeds)
         times.append(time.perf_counter() - t)
     print(f"latency: median {statistics.median(times) * 1e3:.2f} ms over {runs} runs")
+    return status
 
 
-def cmd_compile(args) -> None:
+def _compare_expected(name: str, got: np.ndarray) -> int:
+    """Print whether ``got`` matches the expected output shipped with light model ``name``; 1 if not."""
+    from .onnx import testing
+
+    expected = testing.light_expected_output(name)
+    rtol, atol = testing.LIGHT_TOLERANCES[name]
+    if got.shape != expected.shape:
+        print(f"MISMATCH: the output has shape {list(got.shape)}, the expected output {list(expected.shape)}")
+        return 1
+    diff = np.abs(got.astype(np.float64) - expected)
+    bad = int(np.count_nonzero(diff > atol + rtol * np.abs(expected)))
+    where = f"onnx's expected output for light_{name}.onnx (tolerance rtol={rtol:g}, atol={atol:g})"
+    if bad:
+        print(f"MISMATCH: {bad} of {got.size} elements differ from {where}; max abs diff {diff.max():.3g}")
+        return 1
+    print(f"matches {where}: max abs diff {diff.max():.3g}")
+    if float(np.ptp(expected)) < 1e-3:
+        print(f"(the light models' weights are all 0.02, so their expected output is nearly uniform; "
+              f"tests/test_onnx_models.py also checks them re-weighted against onnxruntime)")
+    return 0
+
+
+def cmd_compile(args) -> int:
     model = _compile_model(args)
     print(model.summary())
+    if args.show_groups:
+        for kernel in model.kernels:
+            if kernel is not None:
+                print(f"\n# group {kernel.group}: inputs {', '.join(kernel.inputs)} -> "
+                      f"outputs {', '.join(kernel.outputs)}")
+                print(kernel.source.strip())
+    return 0
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="polyc", description="polyhedral compiler for tensor operators")
-    sub = parser.add_subparsers(dest="command", required=True)
+    """Run the ``polyc`` command on ``argv`` (default ``sys.argv[1:]``); returns the exit status: 0, or 1
+    after printing a PolycError's message (2 for a command-line usage error, from argparse)."""
+    parser = argparse.ArgumentParser(
+        prog="polyc", description="polyhedral compiler for tensor operators (Tensor Comprehensions, ONNX)",
+        epilog="run 'polyc COMMAND --help' for a command's options")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    helps = {"show": "print every compiler stage of one def of a .tc file (domain, dependences, schedule "
+                     "trees, AST, LLVM IR, assembly)",
+             "run": "run a def of a .tc file on random inputs and time it, or compile and run an ONNX model "
+                    "(none given: the bundled ResNet-50, checked against its expected output)"}
     for name in ("show", "run"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name], description=helps[name])
         p.add_argument("file", nargs="?" if name == "run" else None, default=None,
                        help="a .tc file (or, for run, an .onnx model; none: the bundled ResNet-50)")
         p.add_argument("--def", dest="def_name", default=None, help="the def to use when the file has several")
@@ -155,24 +280,26 @@ def main(argv=None) -> int:
             p.add_argument("--stage", default="all",
                            choices=["domain", "deps", "schedule", "transformed", "ast", "llvm", "asm", "all"])
         else:
-            p.add_argument("--runs", type=int, default=10, help="timed runs (median printed)")
+            p.add_argument("--runs", type=_positive, default=10, help="timed runs of a kernel (median printed)")
             p.add_argument("--input", action="append", default=[], help="NAME=file.npy for a model input")
-            p.add_argument("--bench", type=int, default=0, help="for a model: timed runs (median printed)")
-            p.add_argument("--threads", type=int, default=None)
-    p = sub.add_parser("compile")
-    p.add_argument("file")
-    p.add_argument("--show-groups", action="store_true")
-    p.add_argument("--threads", type=int, default=None)
+            p.add_argument("--bench", type=_positive, default=None,
+                           help="for a model: timed runs (median printed; default 5)")
+            p.add_argument("--threads", type=_positive, default=None, help="threads per kernel")
+    what = "compile an ONNX model and print its fusion groups, kernels, compile times and memory arena"
+    p = sub.add_parser("compile", help=what, description=what)
+    p.add_argument("file", help="an .onnx model")
+    p.add_argument("--show-groups", action="store_true",
+                   help="also print the generated TC source of every fusion group's kernel")
+    p.add_argument("--threads", type=_positive, default=None, help="threads per kernel")
     args = parser.parse_args(argv)
     try:
-        {"show": cmd_show, "run": cmd_run, "compile": cmd_compile}[args.command](args)
+        return {"show": cmd_show, "run": cmd_run, "compile": cmd_compile}[args.command](args) or 0
     except PolycError as exc:
         print(f"polyc: error: {exc}", file=sys.stderr)
         return 1
-    except FileNotFoundError as exc:
+    except OSError as exc:  # a file that does not exist or cannot be read
         print(f"polyc: error: {exc}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -56,3 +56,95 @@ def test_show_matmul_and_conv2d_have_tile_parallel_and_vector_loops(capsys):
                      "--options", "threads=2"]) == 0
         loops = _loops(capsys.readouterr().out)
         assert loops == {"tile": True, "parallel": True, "vector": True, "unroll": True}, (name, loops)
+
+
+# ---- issue 16, item 12: newcomer papercuts ------------------------------------------------------------------
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import pytest  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+
+from polyc import cli  # noqa: E402
+from polyc.onnx import testing  # noqa: E402
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    """Relu(X + Y) over float32[2, 3] as a .onnx file."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["X", "Y"], ["S"]), helper.make_node("Relu", ["S"], ["Z"])], "tiny",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("X", "Y")],
+        [helper.make_tensor_value_info("Z", TensorProto.FLOAT, [2, 3])])
+    path = tmp_path / "tiny.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return str(path)
+
+
+def test_help_describes_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "print every compiler stage" in out and "run a def of a .tc file" in out
+    assert "compile an ONNX model and print its fusion groups" in out
+
+
+def test_show_on_an_onnx_model_says_what_to_use(capsys, tiny_model, tmp_path):
+    assert main(["show", tiny_model]) == 1
+    err = capsys.readouterr().err
+    assert "is an ONNX model" in err and "polyc compile" in err and "Traceback" not in err
+    binary = tmp_path / "latin1.tc"
+    binary.write_bytes(b"def f(float(N) A) -> (B) { B(i) = A(i) } # \xff\xfe")
+    assert main(["show", str(binary), "--sizes", "N=4"]) == 1
+    assert "not a UTF-8 text file" in capsys.readouterr().err
+
+
+def test_unknown_sizes_and_non_positive_runs_are_rejected(capsys):
+    assert main(["show", MATMUL, "--def", "matmul", "--sizes", "M=8,N=8,K=8,Q=3", "--stage", "ast"]) == 1
+    assert "matmul has no size Q; its sizes are M, K, N" in capsys.readouterr().err
+    for bad in ("0", "-2", "x"):
+        with pytest.raises(SystemExit) as done:
+            main(["run", MATMUL, "--def", "matmul", "--sizes", "M=4,N=4,K=4", "--runs", bad])
+        assert done.value.code == 2
+        assert "expected a positive integer" in capsys.readouterr().err
+
+
+def test_compile_show_groups_prints_each_kernels_source(capsys, tiny_model):
+    assert main(["compile", tiny_model]) == 0
+    plain = capsys.readouterr().out
+    assert "groups" in plain and "def " not in plain
+    assert main(["compile", tiny_model, "--show-groups"]) == 0
+    shown = capsys.readouterr().out
+    assert "# group" in shown and "def " in shown and "-> outputs Z" in shown
+
+
+def test_a_feed_of_the_wrong_shape_is_reported_before_compiling(capsys, tiny_model, tmp_path):
+    wrong = tmp_path / "x.npy"
+    np.save(wrong, np.zeros((3, 2), np.float32))
+    assert main(["run", tiny_model, "--input", f"X={wrong}"]) == 1
+    captured = capsys.readouterr()
+    assert "--input X: " in captured.err and "float32[3, 2], the model expects float32[2, 3]" in captured.err
+    assert "compiling" not in captured.err  # rejected before the model was compiled
+    assert main(["run", tiny_model, "--input", f"W={wrong}"]) == 1
+    assert "unknown input 'W'; the model's inputs are X float32[2, 3], Y float32[2, 3]" in capsys.readouterr().err
+    good = tmp_path / "good.npy"
+    np.save(good, np.full((2, 3), -1, np.float32))
+    assert main(["run", tiny_model, "--input", f"X={good}", "--bench", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "output Z: float32[2, 3]" in out and "latency" in out
+    assert "expected output" not in out  # not a bundled model: nothing to compare with
+
+
+def test_bundled_model_output_is_compared_with_its_expected_output(capsys):
+    path = testing.light_model_path("resnet50")
+    assert cli.bundled_model_name(path) == "resnet50"
+    assert cli.bundled_model_name(MATMUL) is None
+    expected = testing.light_expected_output("resnet50")
+    assert cli._compare_expected("resnet50", expected.copy()) == 0
+    assert "matches onnx's expected output for light_resnet50.onnx" in capsys.readouterr().out
+    wrong = expected.copy()
+    wrong[0, 7] += 0.01
+    assert cli._compare_expected("resnet50", wrong) == 1
+    assert "MISMATCH: 1 of 1000 elements differ" in capsys.readouterr().out
+    assert cli._compare_expected("resnet50", expected[:, :10]) == 1
