@@ -300,3 +300,15 @@ def test_long_identifiers(length, options):
     np.testing.assert_array_equal(t, a * 2 + w)
     i = np.arange(7)
     np.testing.assert_allclose(u, a.sum() * w + 7 * a[i * i % 7], rtol=1e-6)
+
+
+@pytest.mark.parametrize("options", [Options(), Options(threads=2), Options(promote=True, threads=2)],
+                         ids=["default", "threads", "promote"])
+def test_long_identifiers_in_a_tiled_parallel_matmul(options):
+    long = "y" * 3000
+    src = (f"def mm{long}(float(M{long}, K{long}) A{long}, float(K{long}, N{long}) B{long}) -> (C{long}) {{\n"
+           f"  C{long}(m{long}, n{long}) +=! A{long}(m{long}, k{long}) * B{long}(k{long}, n{long})\n}}")
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((67, 45)).astype(np.float32)
+    b = rng.standard_normal((45, 131)).astype(np.float32)
+    np.testing.assert_allclose(polyc.define(src, options=options)(a, b), a @ b, rtol=1e-4, atol=1e-4)
