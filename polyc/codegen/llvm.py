@@ -189,8 +189,8 @@ def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: 
 
 
 def _allocate_shadows(k: Kernel, fn: ir.Function, b: ir.IRBuilder) -> tuple[ir.Value, list[ir.Value]]:
-    """``(array, buffers)``: one zeroed shadow buffer (``calloc``: two elements per element of the tensor,
-    see :func:`fold_sum`) per tensor in ``k.shadows``, and the array of their pointers the region functions
+    """``(array, buffers)``: one zeroed shadow buffer (``calloc``: 8 bytes per element of the tensor, two for
+    float64, see :func:`fold_sum`) per tensor in ``k.shadows``, and the array of their pointers the region functions
     take as :data:`SHADOWS` (a null pointer when there is none). The kernel returns STATUS_NO_MEMORY when an
     allocation fails. Leaves ``b`` where the buffers are valid."""
     if not k.shadows:
@@ -202,7 +202,7 @@ def _allocate_shadows(k: Kernel, fn: ir.Function, b: ir.IRBuilder) -> tuple[ir.V
     buffers, failed = [], ir.Constant(I1, 0)
     for i, name in enumerate(k.shadows):
         t = k.scop.tensor(name)
-        p = b.call(calloc, [ir.Constant(I64, 2 * max(1, t.size)), ir.Constant(I64, X.element_bytes(t.dtype))],
+        p = b.call(calloc, [ir.Constant(I64, max(1, t.size)), ir.Constant(I64, 16)],
                    name=f"{name}.shadow")
         b.store(p, b.gep(array, [ir.Constant(I64, i)], inbounds=True, source_etype=PTR))
         failed = b.or_(failed, b.icmp_unsigned("==", p, ir.Constant(PTR, None)))
@@ -346,33 +346,51 @@ def compensated(k: Kernel, stmt: PolyStatement) -> bool:
 
 
 def fold_sum(k: Kernel, r: Region, tensor: str, flat: ir.Value, partial: ir.Value, b: ir.IRBuilder) -> None:
-    """``tensor[flat] += partial`` as a compensated sum (Neumaier's variant of Kahan summation).
+    """``tensor[flat] += partial``, where the running sum keeps more precision than the element.
 
     A long reduction adds many block partials (register sums of at most :data:`SUM_BLOCK` terms, or a vector
     reduction's fold) to one element; added plainly, the error grows with the number of partials. Here the
-    element's shadow (two elements per element of the tensor, ``Kernel.shadow``) keeps the running sum ``s``
-    and the rounding error ``c`` lost so far; the element itself holds ``s + c``::
+    element's shadow (8 bytes per element of the tensor, ``Kernel.shadow``) keeps the running sum in more
+    precision, and the element holds it rounded. For float32 the shadow is a double ``s``::
 
-        if (fl(s + c) != T) { s = T; c = 0; }      // T was written by anything else: restart from it
-        t = s + x
-        c += |s| >= |x| ? (s - t) + x : (x - t) + s  // the low bits t lost (exact: TwoSum's error term)
-        s = t; T = s + c                             // (c unchanged when t is not finite)
+        if ((float)s != T) s = T;      // T was written by anything else (init, plain update, NaN): restart
+        s += (double)x;  T = (float)s;
 
-    So the element's error stays about one rounding whatever the number of partials. The check makes the
-    shadow need no initialisation beyond zero: an initialisation, a plain update or a NaN restarts it.
+    For float64 it is Neumaier's compensated sum (Kahan's variant that also holds when ``|x| > |s|``): the
+    running sum ``s`` and the rounding error ``c`` lost so far, with ``T = s + c``::
+
+        if (s + c != T) { s = T; c = 0; }
+        t = s + x;  c += |s| >= |x| ? (s - t) + x : (x - t) + s;  s = t;  T = s + c   // c kept if t is inf
+
+    Either way the element's error stays about one rounding whatever the number of partials, and the
+    shadow needs no initialisation beyond zero (the check restarts it from the element).
     """
     dtype = k.scop.tensor(tensor).dtype
     ty = X.llvm_type(dtype)
     env = X.Env(k.module, k.scop, r.tensors, {}, r.fail)
     element = X.element_pointer(env, tensor, flat, b)
+    old = b.load(element, typ=ty)
     base = k.shadow(r, tensor, b)
+    if dtype == "float32":
+        wide = ir.DoubleType()
+        s_ptr = b.gep(base, [b.mul(flat, ir.Constant(I64, 2))], inbounds=True, source_etype=wide)
+        copy_ptr = b.gep(s_ptr, [ir.Constant(I64, 1)], inbounds=True, source_etype=wide)
+        s, copy = b.load(s_ptr, typ=wide), b.load(copy_ptr, typ=I32)
+        x = b.fpext(partial, wide)
+        # both sums, then the choice (bits of T against those last stored): the check stays off the chain
+        # of dependent adds through s
+        valid = b.icmp_unsigned("==", b.bitcast(old, I32), copy)
+        s = b.select(valid, b.fadd(s, x), b.fadd(b.fpext(old, wide), x))
+        result = b.fptrunc(s, ty)
+        b.store(s, s_ptr)
+        b.store(b.bitcast(result, I32), copy_ptr)
+        b.store(result, element)
+        return
     s_ptr = b.gep(base, [b.mul(flat, ir.Constant(I64, 2))], inbounds=True, source_etype=ty)
     c_ptr = b.gep(s_ptr, [ir.Constant(I64, 1)], inbounds=True, source_etype=ty)
-    old = b.load(element, typ=ty)
     s, c = b.load(s_ptr, typ=ty), b.load(c_ptr, typ=ty)
     valid = b.fcmp_ordered("==", b.fadd(s, c), old)
-    zero = ir.Constant(ty, 0.0)
-    s, c = b.select(valid, s, old), b.select(valid, c, zero)
+    s, c = b.select(valid, s, old), b.select(valid, c, ir.Constant(ty, 0.0))
     t = b.fadd(s, partial)
     fabs = X.intrinsic(k.module, "fabs", ty, 1)
     s_big = b.fcmp_ordered(">=", b.call(fabs, [s]), b.call(fabs, [partial]))
