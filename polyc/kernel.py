@@ -107,7 +107,7 @@ def lower_stages(checked: L.CheckedDef, sizes: dict, options: Options, target) -
     schedule = compute_schedule(scop, deps, options)
     debug.log_stage("schedule", schedule, t)
     t = time.perf_counter()
-    transformed, packings = optimize(schedule, scop, target, options, verify=lambda s: respects(s, scop, deps))
+    transformed, packings = optimize(schedule, scop, deps, target, options)
     if verifying():
         check_schedule(schedule, scop, deps, "schedule")
         check_schedule(transformed, scop, deps, "transformed")

@@ -23,8 +23,11 @@ For each outermost band of isl's tree (in the manner of TC's numbered ``MappedSc
    (GEMM's ``B(k, n)``), decide to copy it into a panel-major buffer (:class:`Packing`, carried out by
    :func:`polyc.poly.promote.promote` after the bands are done).
 
-Every step is checked: when a step would break a dependence (the verifier's test), the band keeps the
-previous tree. ``target`` is duck-typed: ``cores``, ``vector_bits``, ``l2_bytes`` (``polyc.codegen.target``).
+Every band's result is checked against the dependences it had to order (the verifier's tree walk): when
+it would break one, the band falls back to :func:`simple_band` (checked too), else stays as isl built it.
+Loop distribution (``band_sink``) first turns the ``set`` nodes below into dependence-ordered sequences:
+isl's AST generator runs a set's children in any order, which is only right while the band above orders
+their dependences (a tiled reduction and its initialisation, both in one tile, once lost that order). ``target`` is duck-typed: ``cores``, ``vector_bits``, ``l2_bytes`` (``polyc.codegen.target``).
 """
 from __future__ import annotations
 
@@ -32,12 +35,16 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from ..errors import CompileError
 from ..lang import ast as L
 from ..options import Options
 from .affine import affine_text, children, isl_name
+from .deps import Dependences
 from .scop import PolyStatement, Scop
-from .transforms import (band_coincident, band_extents, band_permute, band_split, band_tile, bands,
-                         insert_mark, isolate_full_tiles, member_index)
+from .transforms import (band_coincident, band_extents, band_permute, band_sink, band_split, band_tile, bands,
+                         dependences_at, insert_mark, isolate_full_tiles, member_index, node_at, order_sets,
+                         path_of)
+from .verify import check_subtree
 
 #: The largest element stride of a read along the vector loop that codegen vectorizes (strided loads).
 MAX_READ_STRIDE = 4
@@ -74,31 +81,36 @@ def _itemsize(dtype: str) -> int:
             "float32": 4}.get(dtype, 8)
 
 
-def optimize(schedule: isl.Schedule, scop: Scop, target, options: Options, verify=None):
-    """Apply the CPU strategy to every outermost band of ``schedule``.
+def optimize(schedule: isl.Schedule, scop: Scop, deps: Dependences, target, options: Options):
+    """Apply the CPU strategy to every outermost band of ``schedule``, keeping every dependence of ``deps``.
 
     Returns ``(schedule, packings)``: the new schedule and the :class:`Packing` decisions of the bands whose
     register tile was kept (step 6, carried out by :func:`polyc.poly.promote.promote`).
-    ``verify(schedule) -> bool`` says whether a tree respects the dependences; each band's transformation is
-    kept only if it does (without ``verify`` every step is trusted).
+    Each band's new subtree is checked against the dependences the band had to order
+    (:func:`polyc.poly.verify.check_subtree` with :func:`~polyc.poly.transforms.dependences_at`); a subtree
+    that breaks one (or a step that refuses, such as a ``band_sink`` that would break one) gives way to
+    :func:`simple_band`, and that too is checked (else the band stays as isl built it).
     """
     count = len(bands(schedule))
     parallel = options.parallel and threads(options, target) > 1 and work(scop) >= PARALLEL_MIN_WORK
+    everything = deps.all
     packings = []
     for i in range(count):
         node = bands(schedule)[i]
-        try:
-            done, packing = optimize_band(node, scop, target, options, parallel)
-            candidate = done.get_schedule()
-        except isl.Error:
-            continue
-        if verify is None or verify(candidate):
+        path, pending = path_of(node), dependences_at(node, everything)
+        for attempt in (optimize_band, None):
+            try:
+                if attempt is None:
+                    done, packing = simple_band(node, options, parallel), None
+                else:
+                    done, packing = optimize_band(node, scop, everything, target, options, parallel)
+                candidate = done.get_schedule()
+                check_subtree(node_at(candidate, path), pending, f"strategy on '{scop.name}'")
+            except (isl.Error, CompileError):
+                continue
             schedule = candidate
             packings += [packing] if packing is not None else []
-        else:
-            candidate = simple_band(node, options, parallel).get_schedule()
-            if verify(candidate):
-                schedule = candidate
+            break
     return schedule, tuple(packings)
 
 
@@ -271,8 +283,11 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
     return clipped
 
 
-def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, parallel: bool):
-    """Steps 1-6 on one outermost band; returns ``(node of the new tree, Packing or None)``."""
+def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target, options: Options,
+                  parallel: bool):
+    """Steps 1-6 on one outermost band; returns ``(node of the new tree, Packing or None)``. ``deps``
+    (every dependence) keeps the loop distributions of steps 4-5 legal (:func:`~polyc.poly.transforms.band_sink`
+    raises CompileError when one cannot be)."""
     stmt = main_statement(node, scop)
     if stmt is None or not node.band_get_permutable():
         return simple_band(node, options, parallel), None
@@ -313,11 +328,12 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, target, options: Options, 
         node = node.child(0)
     if stream:  # point loops [P, R, v]: the tile loops keep v outside the reductions (a parallel loop)
         point = len(P)
-        node = _vector_innermost(band_permute(node, list(range(point)) + list(range(point + 1, n)) + [point]))
+        node = _vector_innermost(band_permute(node, list(range(point)) + list(range(point + 1, n)) + [point]),
+                                 deps)
     elif v is None and rv is not None:
-        node = _vector_innermost(node)
+        node = _vector_innermost(node, deps)
     elif v is not None:
-        node = _point_loops(node, len(P), u is not None, len(R), mr, nr)
+        node = _point_loops(node, len(P), u is not None, len(R), mr, nr, deps)
     node = node_at(node.get_schedule(), band_path)
     return (mark_parallel(node) if parallel else node), packing
 
@@ -422,7 +438,7 @@ def choose_reduction_member(node: isl.ScheduleNode, stmt: PolyStatement, scop: S
     return found
 
 
-def _vector_innermost(point: isl.ScheduleNode) -> isl.ScheduleNode:
+def _vector_innermost(point: isl.ScheduleNode, deps: isl.UnionMap) -> isl.ScheduleNode:
     """Mark the last member of the point band ``vector`` (a reduction along it, or a streamed row). When
     statements branch below (an initialisation beside the reduction), the member is first sunk into each
     statement (``band_sink``) so the marked loop holds the reduction alone."""
@@ -431,30 +447,13 @@ def _vector_innermost(point: isl.ScheduleNode) -> isl.ScheduleNode:
     path = path_of(point)
     if not _branches(point):
         return insert_mark(point, "vector")
-    schedule = point.band_sink().get_schedule()
+    schedule = band_sink(point, deps).get_schedule()
     for leaf in reversed(_leaf_bands(node_at(schedule, path), 1)):
         schedule = insert_mark(node_at(schedule, leaf), "vector").get_schedule()
     return node_at(schedule, path)
 
 
-def path_of(node: isl.ScheduleNode) -> tuple[int, ...]:
-    """The child positions leading from the root to ``node``."""
-    path = []
-    while node.has_parent():
-        path.append(node.get_child_position())
-        node = node.parent()
-    return tuple(reversed(path))
-
-
-def node_at(schedule: isl.Schedule, path: tuple[int, ...]) -> isl.ScheduleNode:
-    """The node of ``schedule`` at ``path`` (see :func:`path_of`)."""
-    node = schedule.get_root()
-    for k in path:
-        node = node.child(k)
-    return node
-
-
-def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: int, nr: int):
+def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: int, nr: int, deps: isl.UnionMap):
     """Register-tile and mark the point band ``[P, u, v, R]`` (steps 4 and 5); returns a node of the tree."""
     node = point
     if n_p:
@@ -468,10 +467,14 @@ def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: i
     # sink every band below [ur, vr] (the reduction band and any band isl nested under the outer one), top
     # down, then [ur, vr] itself: band_sink puts a band at the bottom of each leaf, so every statement
     # ends with its own copy of the loops in the original order, then ur, vr
-    below = inner.child(0)
+    # (each sink alone may run a dependence backwards, as sinking a reduction band below the band of the
+    # next reduction index does: the whole is checked; sets below are ordered first, see band_sink)
+    pending = dependences_at(inner, deps)
+    below = order_sets(inner, pending).child(0)
     while below.get_type() == isl.schedule_node_type.band and _branches(below):
         below = below.band_sink()
     inner = node_at(below.get_schedule(), inner_path).band_sink()
+    check_subtree(inner, pending, "register tile (band_sink)")
     schedule = inner.get_schedule()
     for leaf in reversed(_leaf_bands(node_at(schedule, inner_path), width)):
         band = node_at(schedule, leaf)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import islpy as isl
 
 from .affine import isl_name
+from .verify import check_subtree
 
 #: Mark names understood by codegen: the ``for`` right below the mark is run in parallel / vectorised /
 #: unrolled.
@@ -164,3 +165,90 @@ def isolate_full_tiles(tile: isl.ScheduleNode) -> isl.ScheduleNode:
     option = isl.Map.from_range(full).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, n_outer)
     option = option.wrap().set_tuple_name("isolate")
     return tile.band_set_ast_build_options(isl.UnionSet.from_set(option))
+
+
+def dependences_at(node: isl.ScheduleNode, deps: isl.UnionMap) -> isl.UnionMap:
+    """The dependences of ``deps`` (``isl.UnionMap``, instance → instance) between instances that reach
+    ``node`` and that the bands above it leave unordered: equal prefix schedules
+    (``isl_schedule_node_get_prefix_schedule_multi_union_pw_aff``, then
+    ``isl_union_map_eq_at_multi_union_pw_aff``). Only these can the subtree of ``node`` break."""
+    domain = node.get_domain()
+    pending = deps.intersect_domain(domain).intersect_range(domain)
+    prefix = node.get_prefix_schedule_multi_union_pw_aff()
+    if prefix.dim(isl.dim_type.set):
+        pending = pending.eq_at_multi_union_pw_aff(prefix)
+    return pending
+
+
+def order_sets(node: isl.ScheduleNode, pending: isl.UnionMap) -> isl.ScheduleNode:
+    """Turn every ``set`` node in the subtree of ``node`` into a ``sequence`` whose children follow the
+    dependences ``pending`` between them (a topological order; children no dependence relates keep their
+    order). A ``set`` leaves the order of its children to the AST generator, which is right only while a
+    band above orders every dependence between them; a transform that moves such a band below the set
+    (``band_sink``) must first fix the order. Sets whose children depend on each other in a cycle stay sets
+    (no sequence is right: moving the band below them is illegal). Returns the node at ``node``'s position.
+    """
+    path = path_of(node)
+    todo = [path]
+    schedule = node.get_schedule()
+    while todo:
+        here = node_at(schedule, todo.pop())
+        if here.get_type() == isl.schedule_node_type.set:
+            order = _dependence_order(here, pending)
+            if order is not None:
+                filters = isl.UnionSetList.alloc(isl.DEFAULT_CONTEXT, len(order))
+                for k in order:
+                    filters = filters.add(here.child(k).filter_get_filter())
+                here = here.insert_sequence(filters)
+                schedule = here.get_schedule()
+        todo += [path_of(here) + (k,) for k in range(here.n_children())]
+    return node_at(schedule, path)
+
+
+def _dependence_order(node: isl.ScheduleNode, pending: isl.UnionMap) -> list[int] | None:
+    """The children of the set ``node`` in an order every dependence of ``pending`` between them follows
+    (Kahn's algorithm, earliest child first), or None when they depend on each other in a cycle."""
+    filters = [node.child(k).filter_get_filter() for k in range(node.n_children())]
+    after = {k: {j for j, g in enumerate(filters) if j != k and
+                 not pending.intersect_domain(f).intersect_range(g).is_empty()}
+             for k, f in enumerate(filters)}
+    order, left = [], set(range(len(filters)))
+    while left:
+        ready = [k for k in sorted(left) if not any(k in after[j] for j in left)]
+        if not ready:
+            return None
+        order.append(ready[0])
+        left.remove(ready[0])
+    return order
+
+
+def band_sink(node: isl.ScheduleNode, deps: isl.UnionMap) -> isl.ScheduleNode:
+    """Sink the band ``node`` to the leaves of its subtree (``isl_schedule_node_band_sink``: loop
+    distribution over the sequences below, and interchange with the bands below), keeping every dependence
+    of ``deps``: sets below are first ordered by the dependences (:func:`order_sets`), and the result is
+    checked against the dependences the band ordered (:func:`polyc.poly.verify.check_subtree`). Raises
+    CompileError when the sink would break one (a sequence below running a dependence the band carried
+    backwards, a cycle between set children, an interchange with a band that runs one backwards).
+    Returns the node at ``node``'s position."""
+    pending = dependences_at(node, deps)
+    node = order_sets(node, pending)
+    sunk = node.band_sink()
+    check_subtree(sunk, pending, "band_sink")
+    return sunk
+
+
+def path_of(node: isl.ScheduleNode) -> tuple[int, ...]:
+    """The child positions leading from the root to ``node``."""
+    path = []
+    while node.has_parent():
+        path.append(node.get_child_position())
+        node = node.parent()
+    return tuple(reversed(path))
+
+
+def node_at(schedule: isl.Schedule, path: tuple[int, ...]) -> isl.ScheduleNode:
+    """The node of ``schedule`` at ``path`` (see :func:`path_of`)."""
+    node = schedule.get_root()
+    for k in path:
+        node = node.child(k)
+    return node

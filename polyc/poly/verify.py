@@ -43,7 +43,7 @@ def check_schedule(schedule: isl.Schedule, scop: Scop, deps: Dependences, stage:
         raise CompileError(f"{stage}: the schedule of '{scop.name}' does not cover the iteration domain "
                            f"exactly: it schedules {schedule.get_domain()}")
     pending = deps.all.intersect_domain(scop.domain).intersect_range(scop.domain)
-    _check_node(schedule.get_root(), pending, scop, stage)
+    check_subtree(schedule.get_root(), pending, f"{stage}: the schedule of '{scop.name}'")
 
 
 def respects(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> bool:
@@ -55,43 +55,45 @@ def respects(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> bool:
     return True
 
 
-def _fail(stage: str, scop: Scop, what: str, deps: isl.UnionMap):
-    raise CompileError(f"{stage}: the schedule of '{scop.name}' {what}: {deps.coalesce()}")
+def _fail(where: str, what: str, deps: isl.UnionMap):
+    raise CompileError(f"{where} {what}: {deps.coalesce()}")
 
 
-def _check_node(node: isl.ScheduleNode, pending: isl.UnionMap, scop: Scop, stage: str) -> None:
-    """Check the subtree of ``node`` against ``pending``: the dependences between instances that reach
-    ``node`` which no ancestor has ordered (equal values at every band above, same child of every sequence)."""
+def check_subtree(node: isl.ScheduleNode, pending: isl.UnionMap, where: str) -> None:
+    """Check the subtree of ``node`` (see :func:`check_schedule`) against ``pending``: the dependences
+    between instances that reach ``node`` which no ancestor orders (equal values at every band above, same
+    child of every sequence; :func:`polyc.poly.transforms.dependences_at`). Raises CompileError whose
+    message starts with ``where``."""
     kind = node.get_type()
     if kind == _T.band:
         if node.band_n_member():
             mupa = node.band_get_partial_schedule()
             backwards = pending.lex_gt_at_multi_union_pw_aff(mupa)
             if not backwards.is_empty():
-                _fail(stage, scop, f"violates dependences at band {mupa}", backwards)
+                _fail(where, f"violates dependences at band {mupa}", backwards)
             pending = pending.eq_at_multi_union_pw_aff(mupa)
     elif kind in (_T.sequence, _T.set):
-        _check_children(node, pending, scop, stage, ordered=kind == _T.sequence)
+        _check_children(node, pending, where, ordered=kind == _T.sequence)
         return
     elif kind == _T.filter:
         f = node.filter_get_filter()
         pending = pending.intersect_domain(f).intersect_range(f)
     elif kind == _T.mark:
-        _check_parallel(node, pending, scop, stage)
+        _check_parallel(node, pending, where)
     elif kind == _T.leaf:
         if not pending.is_empty():
-            _fail(stage, scop, "runs dependent instances at the same time (nothing orders them)", pending)
+            _fail(where, "runs dependent instances at the same time (nothing orders them)", pending)
         return
     elif kind in (_T.extension, _T.expansion):
-        raise CompileError(f"{stage}: the schedule of '{scop.name}' has an {kind.name} node, which the "
+        raise CompileError(f"{where} has an {kind.name} node, which the "
                            "verifier does not model")
     if pending.is_empty():
         return
     for k in range(node.n_children()):
-        _check_node(node.child(k), pending, scop, stage)
+        check_subtree(node.child(k), pending, where)
 
 
-def _check_children(node: isl.ScheduleNode, pending: isl.UnionMap, scop: Scop, stage: str, ordered: bool):
+def _check_children(node: isl.ScheduleNode, pending: isl.UnionMap, where: str, ordered: bool):
     """A sequence (``ordered``) or set: its filters partition the instances reaching it; a dependence from
     a later child to an earlier one (a sequence), or between two children (a set), is violated."""
     domain = node.get_domain()
@@ -99,11 +101,11 @@ def _check_children(node: isl.ScheduleNode, pending: isl.UnionMap, scop: Scop, s
     covered = isl.UnionSet.empty(domain.get_space())
     for k, f in enumerate(filters):
         if not covered.intersect(f).is_empty():
-            raise CompileError(f"{stage}: the schedule of '{scop.name}' runs {covered.intersect(f)} twice "
+            raise CompileError(f"{where} runs {covered.intersect(f)} twice "
                                f"(filters of a {'sequence' if ordered else 'set'} node overlap)")
         covered = covered.union(f)
     if not covered.is_equal(domain):
-        raise CompileError(f"{stage}: the schedule of '{scop.name}' never runs {domain.subtract(covered)} "
+        raise CompileError(f"{where} never runs {domain.subtract(covered)} "
                            f"(filters of a {'sequence' if ordered else 'set'} node miss them)")
     if pending.is_empty():
         return
@@ -118,12 +120,12 @@ def _check_children(node: isl.ScheduleNode, pending: isl.UnionMap, scop: Scop, s
         if not bad.is_empty():
             what = "sequence runs a dependence's sink child first" if ordered else \
                 "set leaves dependent children unordered (isl's AST generator picks any order)"
-            _fail(stage, scop, what, bad)
+            _fail(where, what, bad)
         earlier = earlier.union(f)
-        _check_node(node.child(k), pending.intersect_domain(f).intersect_range(f), scop, stage)
+        check_subtree(node.child(k), pending.intersect_domain(f).intersect_range(f), where)
 
 
-def _check_parallel(mark: isl.ScheduleNode, pending: isl.UnionMap, scop: Scop, stage: str) -> None:
+def _check_parallel(mark: isl.ScheduleNode, pending: isl.UnionMap, where: str) -> None:
     """A ``parallel`` mark over a band: the marked member carries none of ``pending`` once the members
     before it are equal."""
     name = mark.mark_get_id().get_name()
@@ -140,5 +142,5 @@ def _check_parallel(mark: isl.ScheduleNode, pending: isl.UnionMap, scop: Scop, s
         if k == member:
             carried = pending.subtract(pending.eq_at_multi_union_pw_aff(upa))
             if not carried.is_empty():
-                _fail(stage, scop, f"runs a loop in parallel ({name}) that carries dependences", carried)
+                _fail(where, f"runs a loop in parallel ({name}) that carries dependences", carried)
         pending = pending.eq_at_multi_union_pw_aff(upa)
