@@ -121,6 +121,18 @@ CASES = {
     "conv_channels_mismatch": (model(
         [node("Conv", ["x", "w"], ["y"], "C")], [vi("x", [1, 3, 5, 5])], [vi("y", 4)],
         [const("w", np.ones((2, 4, 3, 3), np.float32))]), ModelError, r"\bC\b.*Conv|Conv.*\bC\b|channel"),
+    "conv_bias_of_wrong_length": (model(
+        [node("Conv", ["x", "w", "b"], ["y"], "C")], [vi("x", [1, 3, 5, 5])], [vi("y", 4)],
+        [const("w", np.ones((4, 3, 3, 3), np.float32)), const("b", np.ones(3, np.float32))]),
+        ModelError, r"node C \(Conv\): bias 'b' of shape \[3\] should have shape \[4\]"),
+    "gemm_bias_does_not_broadcast": (model(
+        [node("Gemm", ["x", "w", "c"], ["y"], "G", transB=1)], [vi("x", [1, 6])], [vi("y", 2)],
+        [const("w", np.ones((5, 6), np.float32)), const("c", np.ones(4, np.float32))]),
+        ModelError, r"node G \(Gemm\): C 'c' of shape \[4\]"),
+    "batchnorm_params_of_wrong_length": (model(
+        [node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], "BN")], [vi("x", [1, 3, 2, 2])], [vi("y", 4)],
+        [const(n, np.ones(k, np.float32)) for n, k in (("s", 3), ("b", 3), ("m", 2), ("v", 3))]),
+        polyc.PolycError, r"BN\b"),
     # item 11: opsets, sizes
     "opset_99": (model([node("Relu", ["x"], ["y"], "r")], [vi("x", [2])], [vi("y", [2])], opset=99),
                  UnsupportedError, r"opset 99.*opsets 7 to \d+"),

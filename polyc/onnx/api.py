@@ -3,7 +3,7 @@
     model = load_model(path, input_shapes)      # onnx checker + strict shape inference, static inputs
     graph = from_model(model)                   # networkx graph IR
     graph = simplify(graph)                     # folding, CSE, BN folding, DCE, static shapes
-    check_sizes(graph); check_shapes(graph)     # fits in memory; every node's shapes fit its op
+    check_shapes(graph); check_sizes(graph)     # every node's shapes fit its op; fits in memory
     check_supported(graph)                      # every unsupported node listed at once
     groups = fusion_groups(graph)               # which nodes become one kernel
     kernels = lower_groups(graph, groups)       # one TC def per kernel group
@@ -238,8 +238,8 @@ def _compile(model_or_path, options, input_shapes, progress, stage: list) -> Com
     graph = simplify(graph)
     seconds["passes"] = time.perf_counter() - t
     stage[0] = "validating shapes"
-    check_sizes(graph)
     check_shapes(graph)
+    check_sizes(graph)
     check_supported(graph)
     t = time.perf_counter()
     stage[0] = "lowering the fusion groups to TC"

@@ -224,6 +224,21 @@ def _expected(g, nid, d):
         if x[1] != channels:
             return None, (f"input shape {list(x)} has {x[1]} channels, the weights {list(w)} with group {group} "
                           f"expect {channels}")
+        bias = ins[2] if len(ins) > 2 else None
+        if bias is not None and outs[0] is not None and tuple(bias) != (outs[0][1],):
+            return None, f"bias {d['inputs'][2]!r} of shape {list(bias)} should have shape [{outs[0][1]}]"
+    if op == "Gemm" and len(ins) > 2 and ins[2] is not None and outs[0] is not None \
+            and not _broadcastable(ins[2], outs[0]):
+        return None, f"C {d['inputs'][2]!r} of shape {list(ins[2])} does not broadcast to the output {list(outs[0])}"
+    if op == "BatchNormalization" and rank >= 2:
+        for name, s in zip(d["inputs"][1:5], ins[1:5]):
+            if s is not None and tuple(s) != (x[1],):
+                return None, f"{name!r} of shape {list(s)} should have shape [{x[1]}] (the input's channels)"
+    if op == "LayerNormalization":
+        axis = _axis(_attr(d, "axis", -1), rank)
+        for name, s in zip(d["inputs"][1:3], ins[1:3]):
+            if axis is not None and s is not None and not _broadcastable(s, x[axis:]):
+                return None, f"{name!r} of shape {list(s)} does not broadcast to the normalized shape {list(x[axis:])}"
     return None, None
 
 
