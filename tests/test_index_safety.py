@@ -312,3 +312,78 @@ def test_long_identifiers_in_a_tiled_parallel_matmul(options):
     a = rng.standard_normal((67, 45)).astype(np.float32)
     b = rng.standard_normal((45, 131)).astype(np.float32)
     np.testing.assert_allclose(polyc.define(src, options=options)(a, b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+# ---- a small differential fuzz of index expressions against Python integers ----------------------------
+
+_BITS = {"int8": (8, True), "int16": (16, True), "uint8": (8, False), "uint16": (16, False), "int32": (32, True),
+         "int64": (64, True), "uint32": (32, False)}
+
+
+def _wrap(v, dtype):
+    bits, signed = _BITS[dtype]
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if signed and v >= 1 << (bits - 1) else v
+
+
+def _unify(ta, ka, tb, kb):
+    """The dtype of ``a op b`` by the language's rules (None: a weak literal of value k)."""
+    def fits(k, t):
+        return np.iinfo(t).min <= k <= np.iinfo(t).max
+    if ta is None and tb is None:
+        return "int32"
+    if ta is None:
+        return tb if fits(ka, tb) else np.promote_types("int32", tb).name
+    if tb is None:
+        return ta if fits(kb, ta) else np.promote_types(ta, "int32").name
+    return np.promote_types(ta, tb).name
+
+
+def _random_index(rng, depth):
+    """``(source, value(i, j, N), dtype or None for a weak literal, literal value)``, evaluated in Python with
+    the language's semantics: casts and narrow arithmetic wrap, / and % round toward minus infinity, by 0 give 0."""
+    if depth == 0 or rng.random() < 0.25:
+        name = rng.choice(["i", "j", "N", "k"])
+        if name == "k":
+            k = rng.randint(-5, 9)
+            return (f"({k})" if k < 0 else str(k)), (lambda i, j, n: k), None, k
+        return name, (lambda i, j, n: {"i": i, "j": j, "N": n}[name]), "int32", None
+    op = rng.choice(["+", "-", "*c", "*", "/", "%", "cast", "cast", "neg", "max"])
+    a, fa, ta, ka = _random_index(rng, depth - 1)
+    if op == "cast":
+        t = rng.choice(list(_BITS))
+        return f"{t}({a})", (lambda i, j, n: _wrap(fa(i, j, n), t)), t, None
+    if op == "neg":
+        if ta is None:
+            return f"-({a})", (lambda i, j, n: -fa(i, j, n)), None, -ka
+        return f"-({a})", (lambda i, j, n: _wrap(-fa(i, j, n), ta)), ta, None
+    if op in ("/", "%", "*c"):
+        k = rng.choice([-7, -3, -2, -1, 0, 1, 2, 3, 5, 200])
+        b, fb, tb, kb = (f"({k})" if k < 0 else str(k)), (lambda i, j, n: k), None, k
+    else:
+        b, fb, tb, kb = _random_index(rng, depth - 1)
+    t = _unify(ta, ka, tb, kb)
+    f = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y, "*c": lambda x, y: y * x,
+         "/": lambda x, y: x // y if y else 0, "%": lambda x, y: x % y if y else 0, "max": max}[op]
+    src = f"max({a}, {b})" if op == "max" else (f"{b} * ({a})" if op == "*c" else f"({a}) {op} ({b})")
+    return src, (lambda i, j, n: _wrap(f(fa(i, j, n), fb(i, j, n)), t)), t, None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_index_expressions_read_what_they_compute_or_fail_clearly(seed):
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(15):
+        src, value, _, _ = _random_index(rng, 3)
+        n, m = rng.choice([1, 2, 5, 13, 300]), rng.choice([1, 3])
+        text = f"def f(float(N) A, float(M) D) -> (B) {{ B(i, j) = A({src}) + D(j) where i in 0:N, j in 0:M }}"
+        a, d = arange(n), np.zeros(m, np.float32)
+        index = np.array([[value(i, j, n) for j in range(m)] for i in range(n)])
+        inside = bool(((index >= 0) & (index < n)).all())
+        options = rng.choice(OPTIONS)
+        if inside:
+            np.testing.assert_array_equal(polyc.define(text, options=options)(a, d), a[index], err_msg=text)
+        else:
+            with pytest.raises((RangeError, KernelRuntimeError)):
+                polyc.define(text, options=options)(a, d)

@@ -556,7 +556,7 @@ def index_value(env: Env, e: L.Expr, b: ir.IRBuilder, nsw: bool = True) -> ir.Va
         return const(I64, env.scop.sizes[e.name])
     if isinstance(e, L.Cast) and e.to in _INDEX_DTYPES + ("uint64",) and e.operand.dtype in _INDEX_DTYPES:
         x = index_value(env, e.operand, b, nsw)
-        return x if x is None or e.to in ("int64", "uint64") else _wrap_cast(b, x, e.to)
+        return x if x is None or e.to == "uint64" else _wrap(b, x, e.to, cast=True)
     if isinstance(e, L.Unary) and e.op == "-" and e.dtype in _INDEX_DTYPES:
         x = index_value(env, e.operand, b, nsw)
         return None if x is None else _wrap(b, b.sub(const(I64, 0), x, flags=flags), e.dtype)
@@ -577,16 +577,11 @@ def index_value(env: Env, e: L.Expr, b: ir.IRBuilder, nsw: bool = True) -> ir.Va
     return None
 
 
-def _wrap(b: ir.IRBuilder, value: ir.Value, dtype: str) -> ir.Value:
-    """The i64 result of arithmetic in ``dtype`` wrapped around to it (int32/int64 arithmetic is not wrapped:
-    see :func:`index_value`)."""
-    if dtype in ("int32", "int64"):
+def _wrap(b: ir.IRBuilder, value: ir.Value, dtype: str, cast: bool = False) -> ir.Value:
+    """The i64 ``value`` as a ``dtype`` value (truncated, then sign- or zero-extended back to i64); int32
+    arithmetic (not a ``cast``) stays in 64 bits, see :func:`index_value`."""
+    if dtype == "int64" or (dtype == "int32" and not cast):
         return value
-    return _wrap_cast(b, value, dtype)
-
-
-def _wrap_cast(b: ir.IRBuilder, value: ir.Value, dtype: str) -> ir.Value:
-    """The i64 ``value`` converted to ``dtype`` (truncated) and back to i64 (sign- or zero-extended)."""
     narrow = b.trunc(value, ir.IntType(_BITS[dtype]))
     return b.zext(narrow, I64) if dtype in UNSIGNED else b.sext(narrow, I64)
 
