@@ -486,6 +486,10 @@ class Kernel:
         return found
 
     def __call__(self, *args, out=None, options: Options | None = None):
+        """Run on numpy arrays (0-d parameters also take Python scalars), compiling for their shapes and
+        ``options`` on first use; returns the output or a tuple in the ``-> (...)`` order, or fills ``out=``.
+        Thread-safe. Raises ShapeError naming the argument (count, rank, extent, dtype, a scalar out of its
+        dtype's range, outputs too large for memory), KernelRuntimeError for a fault the kernel detects."""
         arrays = self._coerce_inputs(args)
         compiled = self.specialize_sizes(self.bind_sizes([a.shape for a in arrays]), options or self.options)
         return compiled(*arrays, out=out)
