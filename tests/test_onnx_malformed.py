@@ -104,6 +104,14 @@ CASES = {
         ModelError, r"Ti\b"),
     "flatten_axis_out_of_range": (model(
         [node("Flatten", ["x"], ["y"], "Fl", axis=5)], [vi("x", [3, 2])], [vi("y", 2)]), ModelError, r"Fl\b"),
+    "layernorm_axis_out_of_range": (model(
+        [node("LayerNormalization", ["x", "s"], ["y"], "LN", axis=1 << 40)], [vi("x", [2, 3])], [vi("y", 2)],
+        [const("s", np.ones(3, np.float32))]), ModelError, r"node LN \(LayerNormalization\): axis 1099511627776"),
+    "softmax_axis_out_of_range": (model(
+        [node("Softmax", ["x"], ["y"], "SM", axis=-3)], [vi("x", [2, 3])], [vi("y", 2)]), ModelError, r"SM\b"),
+    "reduce_axes_repeated": (model(
+        [node("ReduceSum", ["x", "ax"], ["y"], "RS")], [vi("x", [2, 3])], [vi("y", 2)], [const("ax", i64(1, -1))]),
+        ModelError, r"RS\b"),
     "pad_with_too_few_values": (model(
         [node("Pad", ["x", "p"], ["y"], "P")], [vi("x", [3, 2])], [vi("y", 2)], [const("p", i64(1, 1))]),
         ModelError, r"\bP\b"),

@@ -22,6 +22,11 @@ from .load import ModelError
 BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less",
              "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "BitShift", "PRelu"}
 
+#: Ops with an ``axis`` attribute that must name a dimension of their first input.
+AXIS_OPS = {"Softmax", "LogSoftmax", "Hardmax", "LayerNormalization", "Concat", "Split", "Gather", "Flatten",
+            "ArgMax", "ArgMin", "CumSum", "GatherElements", "ScatterElements", "QuantizeLinear",
+            "DequantizeLinear"}
+
 #: Ops whose output is the input's memory seen with another shape (see :mod:`polyc.onnx.memory`).
 SAME_COUNT = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 
@@ -157,6 +162,18 @@ def _expected(g, nid, d):
     if x is None:
         return None, None
     rank = len(x)
+    if "axis" in d["attrs"] and op in AXIS_OPS:
+        limit = rank + 1 if op == "Flatten" else rank  # Flatten's axis may be the rank itself
+        if not -limit <= int(d["attrs"]["axis"]) < limit:
+            return None, f"axis {d['attrs']['axis']} is out of range for input shape {list(x)}"
+    axes = d["attrs"].get("axes") if op.startswith("Reduce") else None
+    if axes is None and op.startswith("Reduce") and g.graph["opset"] >= 13:
+        axes = _const(g, d, 1)
+    if axes is not None:
+        axes = [int(a) for a in np.asarray(axes).reshape(-1)]
+        wrapped = [_axis(a, rank) for a in axes]
+        if None in wrapped or len(set(wrapped)) != len(wrapped):
+            return None, f"axes {axes} are out of range or repeated for input shape {list(x)}"
     if op == "Transpose":
         perm = list(_attr(d, "perm", list(range(rank - 1, -1, -1))))
         if sorted(perm) != list(range(rank)):
