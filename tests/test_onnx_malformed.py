@@ -330,3 +330,16 @@ def test_check_shapes_accepts_a_right_graph():
     compiled = ponnx.compile(proto)
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
     np.testing.assert_array_equal(compiled.run({"x": x})[0], x.T[[2, -1]])
+
+
+def test_an_arena_larger_than_memory_is_refused_before_it_is_allocated(monkeypatch):
+    import polyc.onnx.validate as validate
+
+    proto = model([node("Relu", ["x"], ["a"], "r"), node("Neg", ["x"], ["b"], "n"), node("Mul", ["a", "x"], ["m"], "m1"),
+                   node("Add", ["m", "b"], ["y"], "add")], [vi("x", [16])], [vi("y", [16])])
+    monkeypatch.setattr(validate, "memory_limit", lambda: 100)  # each tensor (64 bytes) fits, two at once do not
+    with pytest.raises(UnsupportedError, match=r"arena.*needs \d+ bytes, more than this machine's memory"):
+        ponnx.compile(proto)
+    monkeypatch.undo()
+    x = np.linspace(-1, 1, 16, dtype=np.float32)
+    np.testing.assert_allclose(ponnx.compile(proto).run({"x": x})[0], np.maximum(x, 0) * x - x, rtol=1e-6)
