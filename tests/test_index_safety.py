@@ -387,3 +387,9 @@ def test_random_index_expressions_read_what_they_compute_or_fail_clearly(seed):
         else:
             with pytest.raises((RangeError, KernelRuntimeError)):
                 polyc.define(text, options=options)(a, d)
+
+
+def test_long_identifiers_in_a_long_sum():
+    long = "z" * 3000
+    a = np.ones(2**20, np.float32)
+    assert polyc.define(f"def s(float(N) A{long}) -> (T{long}) {{ T{long}() +=! A{long}(i) }}")(a) == 2**20
