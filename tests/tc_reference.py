@@ -935,6 +935,7 @@ def _statement(s, d, sizes, tensors, dtypes, shapes, params, bound):
         for cond, taken in guards:
             inside = inside | ~_cond_value(cond, env, taken)
         domain &= np.broadcast_to(inside, grid)
+    _check_affine_reads(s.rhs, env, shapes, set(indices), domain, grid)
     ev = _Evaluator(tensors, dtypes, env, grid, typer)
     value = ev.eval(s.rhs)
     if (value.bad & domain).any():
@@ -993,6 +994,25 @@ def _statement(s, d, sizes, tensors, dtypes, shapes, params, bound):
             raise Unsupported("int32 overflow in a reduction")
     target.v[lhs_box] = total
     target.err[lhs_box] = new_e
+
+
+def _check_affine_reads(rhs, env, shapes, indices, domain, grid):
+    """Every read with affine indices must stay in bounds wherever the *affine* conditions of its enclosing
+    ``?:`` hold (polyc checks this at compile time and does not count data-dependent conditions); reads with
+    data-dependent indices are checked when evaluated (at run time)."""
+    for tensor, args, guards in _accesses(rhs):
+        shape = shapes.get(tensor)
+        if shape is None or len(shape) != len(args) or any(_has_read(a) or not _affine(a, indices) for a in args):
+            continue
+        bad = np.zeros(grid, bool)
+        for a, extent in zip(args, shape):
+            v = np.asarray(_int_value(a, env))
+            bad = bad | np.broadcast_to((v < 0) | (v >= extent), grid)
+        for cond, taken in guards:
+            if _affine_cond(cond, indices):
+                bad = bad & np.broadcast_to(_cond_value(cond, env, taken), grid)
+        if (bad & domain).any():
+            raise TCError(f"a read of {tensor} can leave its tensor (affine index, checked at compile time)")
 
 
 def _widens(src, dst):
