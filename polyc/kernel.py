@@ -36,7 +36,7 @@ from .lang import ast as L
 from .lang import check_def, parse
 from .options import Options
 from .poly.astbuild import ast_to_c, build_ast
-from .poly.build import build_scop
+from .poly.build import build_scop, checked_reads
 from .poly.deps import compute_dependences
 from .poly.schedule import compute_schedule
 from .poly.promote import promote
@@ -145,14 +145,17 @@ def with_env_threads(options: Options) -> Options:
     return options
 
 
-def status_error(where: str, status: int):
-    """The KernelRuntimeError for a non-zero kernel status: 1 a data-dependent index out of range,
-    2 no memory for a packed (promoted) buffer."""
+def status_error(where: str, status: int, reads=()):
+    """The KernelRuntimeError for a non-zero kernel status: 1 an index checked at run time (data-dependent
+    or non-affine) was out of range — ``reads`` lists the checked reads (``"A(i*i) at 1:36"``) when known —,
+    2 no memory for a kernel-owned buffer (a packed operand or a summation shadow)."""
     if status == 2:
-        return KernelRuntimeError(f"{where}: out of memory allocating a packed operand buffer (status 2)",
+        return KernelRuntimeError(f"{where}: out of memory allocating a kernel buffer (status 2)",
                                   hint="free memory, or compile with Options(promote=False)")
-    return KernelRuntimeError(f"{where}: a data-dependent index is out of range (status {status})",
-                              hint="check the index tensors' values")
+    which = f"; the reads checked at run time are {', '.join(reads)}" if reads else ""
+    return KernelRuntimeError(f"{where}: an index is out of range (status {status}){which}",
+                              hint="check the index tensors' values and the index expressions against "
+                                   "the tensors' shapes")
 
 
 def symbol(def_name: str) -> str:
@@ -212,7 +215,8 @@ class Compiled:
         args = (ctypes.c_void_p * len(pointers))(*pointers)
         status = self._fn(ctypes.addressof(args))
         if status != 0:
-            raise status_error(f"kernel '{self.name}'", status)
+            reads = checked_reads(build_scop(self.kernel.checked, self.sizes)) if status == 1 else ()
+            raise status_error(f"kernel '{self.name}'", status, reads)
 
     def __call__(self, *args, out=None):
         """Run on ``args`` (numpy arrays of the shapes and dtypes this kernel was compiled for; 0-d inputs

@@ -106,7 +106,7 @@ class Kernel:
 
     def fresh(self, what: str) -> str:
         """A function name unique in the module: ``<kernel>.<what><n>``."""
-        return f"{self.scop.name}.{what}{next(self._counter)}"
+        return f"{X.ir_name(self.scop.name)}.{what}{next(self._counter)}"
 
     def env(self, region: Region, indices: dict[str, ir.Value], stmt: PolyStatement) -> X.Env:
         """The environment ``stmt``'s expressions are emitted in (scalar)."""
@@ -128,7 +128,7 @@ class Kernel:
         fn.linkage = "internal"
         fn.attributes.add("nounwind")
         for arg, n in zip(fn.args, pointers):
-            arg.name = n
+            arg.name = X.ir_name(n)
             arg.add_attribute("noalias")
         for arg, n in zip(fn.args[len(pointers):], extra):
             arg.name = n
@@ -177,7 +177,7 @@ def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: 
             locals_.append(pointers[-1])
             continue
         slot = b.gep(fn.args[0], [ir.Constant(I64, i)], inbounds=True, source_etype=PTR)
-        pointers.append(b.load(slot, name=t.name, typ=PTR, align=8))
+        pointers.append(b.load(slot, name=X.ir_name(t.name), typ=PTR, align=8))
     shadows = _allocate_shadows(kernel, fn, b)
     locals_ += shadows[1]
     status = b.call(region.fn, pointers + [shadows[0]])
@@ -203,7 +203,7 @@ def _allocate_shadows(k: Kernel, fn: ir.Function, b: ir.IRBuilder) -> tuple[ir.V
     for i, name in enumerate(k.shadows):
         t = k.scop.tensor(name)
         p = b.call(calloc, [ir.Constant(I64, max(1, t.size)), ir.Constant(I64, 16)],
-                   name=f"{name}.shadow")
+                   name=X.ir_name(f"{name}.shadow"))
         b.store(p, b.gep(array, [ir.Constant(I64, i)], inbounds=True, source_etype=PTR))
         failed = b.or_(failed, b.icmp_unsigned("==", p, ir.Constant(PTR, None)))
         buffers.append(p)
@@ -227,9 +227,9 @@ def _allocate(module: ir.Module, fn: ir.Function, b: ir.IRBuilder, t) -> ir.Valu
     returns STATUS_NO_MEMORY when it fails. Leaves ``b`` in the block where the pointer is valid."""
     nbytes = max(64, -(-t.size * X.element_bytes(t.dtype) // 64) * 64)
     alloc = X.declare(module, "aligned_alloc", ir.FunctionType(PTR, [I64, I64]))
-    pointer = b.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, nbytes)], name=t.name)
-    ok = fn.append_basic_block(f"{t.name}.allocated")
-    failed = fn.append_basic_block(f"{t.name}.no_memory")
+    pointer = b.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, nbytes)], name=X.ir_name(t.name))
+    ok = fn.append_basic_block(X.ir_name(f"{t.name}.allocated"))
+    failed = fn.append_basic_block(X.ir_name(f"{t.name}.no_memory"))
     b.cbranch(b.icmp_unsigned("==", pointer, ir.Constant(PTR, None)), failed, ok)
     ir.IRBuilder(failed).ret(ir.Constant(I32, STATUS_NO_MEMORY))
     b.position_at_end(ok)
