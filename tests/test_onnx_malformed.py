@@ -343,3 +343,23 @@ def test_an_arena_larger_than_memory_is_refused_before_it_is_allocated(monkeypat
     monkeypatch.undo()
     x = np.linspace(-1, 1, 16, dtype=np.float32)
     np.testing.assert_allclose(ponnx.compile(proto).run({"x": x})[0], np.maximum(x, 0) * x - x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(-1, 2), ("a", 2), (2 ** 70, 2), (1.5, 2), None, 5, (3,)])
+def test_bad_input_shapes_argument(shape):
+    proto = model([node("Relu", ["x"], ["y"], "r")], [vi("x", ["n", 2])], [vi("y", ["n", 2])])
+    with pytest.raises(ShapeError, match=r"input_shapes\['x'\]"):
+        ponnx.compile(proto, input_shapes={"x": shape})
+
+
+def test_bad_options_argument_and_good_pinned_shapes():
+    proto = model([node("Relu", ["x"], ["y"], "r")], [vi("x", ["n", 2])], [vi("y", ["n", 2])])
+    with pytest.raises(UnsupportedError, match="polyc.Options"):
+        ponnx.compile(proto, options=3, input_shapes={"x": (2, 2)})
+    with pytest.raises(polyc.PolycError, match="bogus"):
+        ponnx.compile(proto, options="bogus", input_shapes={"x": (2, 2)})
+    with pytest.raises(ShapeError, match="must map input names"):
+        ponnx.compile(proto, input_shapes=[2, 2])
+    compiled = ponnx.compile(proto, input_shapes={"x": np.array([3, 2])})
+    x = np.array([[1, -1], [-2, 2], [0, 3]], np.float32)
+    np.testing.assert_array_equal(compiled.run({"x": x})[0], np.maximum(x, 0))

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import kernel as _kernel
 from ..errors import CompileError, PolycError, ShapeError, UnsupportedError
+from ..options import Options
 from .executor import Program, PythonExecutor, Step, make_executor, scratch_name
 from .fusion import fusion_groups, groups_summary
 from .graph import TensorInfo, from_model
@@ -223,8 +224,18 @@ def compile(model_or_path: ModelLike, options=None, input_shapes: Mapping[str, S
                            hint="please report it with the model") from e
 
 
+def _options(options):
+    """``options`` as a :class:`polyc.Options` (None stays None; a text spec is parsed)."""
+    if options is None or isinstance(options, Options):
+        return options
+    if isinstance(options, str):
+        return Options.from_spec(options)
+    raise UnsupportedError(f"options must be a polyc.Options (or its text spec), not a {type(options).__name__}")
+
+
 def _compile(model_or_path, options, input_shapes, progress, stage: list) -> CompiledModel:
     """:func:`compile`'s stages; ``stage[0]`` names the current one (for errors)."""
+    options = _options(options)
     seconds = {}
     t = time.perf_counter()
     proto = read_model(model_or_path)

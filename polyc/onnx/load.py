@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Sequence, Union
 
+import numpy as np
 import onnx
 from onnx import shape_inference
 
@@ -124,9 +125,29 @@ def _dims(vi: onnx.ValueInfoProto) -> list:
     return out
 
 
+def _shape_arg(name: str, shape) -> tuple:
+    """``input_shapes[name]`` as a tuple of positive ints, else ShapeError saying what is wrong."""
+    def dim(d):
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer, float, np.floating)) or int(d) != d:
+            raise ValueError(d)
+        return int(d)
+    try:
+        dims = tuple(dim(d) for d in shape)
+    except (TypeError, ValueError, OverflowError):
+        raise ShapeError(f"input_shapes[{name!r}] = {shape!r} is not a sequence of integer extents",
+                         hint=f'write it as input_shapes={{"{name}": (1, 3, 224, 224)}}') from None
+    if any(d < 1 or d >= 1 << 62 for d in dims):
+        raise ShapeError(f"input_shapes[{name!r}] = {dims}: every extent must be at least 1 (and below 2**62)")
+    return dims
+
+
 def _pin_inputs(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]) -> None:
     names = {i.name: i for i in graph_inputs(model)}
+    if not isinstance(input_shapes, Mapping):
+        raise ShapeError(f"input_shapes must map input names to shapes, not a {type(input_shapes).__name__}",
+                         hint='write it as input_shapes={"x": (1, 3, 224, 224)}')
     for name, shape in input_shapes.items():
+        shape = _shape_arg(name, shape)
         if name not in names:
             raise ShapeError(f"input_shapes names {name!r}, which is not an input of the model "
                              f"(inputs: {', '.join(names) or 'none'})")
