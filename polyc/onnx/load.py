@@ -22,7 +22,8 @@ MIN_OPSET = 7
 
 
 class ModelError(PolycError):
-    """The model file is unreadable or fails onnx's checker or shape inference."""
+    """The model is unreadable or invalid: onnx's checker or shape inference rejects it, or a node's shapes
+    do not fit its op (:mod:`polyc.onnx.validate`). The message names the node where there is one."""
 
 
 def model_opset(model: onnx.ModelProto) -> int:
