@@ -17,10 +17,14 @@ clustering order and break fusions it made from the flow dependences alone, whic
 """
 from __future__ import annotations
 
-import contextlib
+import os
+import select
+import signal
+import time
 
 import islpy as isl
 
+from .. import debug
 from ..errors import CompileError
 from ..options import Options
 from .affine import isl_name
@@ -28,28 +32,39 @@ from .deps import Dependences
 from .scop import Scop
 
 
-@contextlib.contextmanager
-def _fusion_options(fusion: str):
-    ctx = isl.DEFAULT_CONTEXT
-    saved = (ctx.get_schedule_serialize_sccs(), ctx.get_schedule_whole_component(),
-             ctx.get_schedule_maximize_band_depth())
-    if fusion == "min":
-        ctx.set_schedule_serialize_sccs(1)
-    elif fusion == "max":
-        ctx.set_schedule_serialize_sccs(0)
-        ctx.set_schedule_whole_component(0)
-        ctx.set_schedule_maximize_band_depth(1)
-    try:
-        yield
-    finally:
-        ctx.set_schedule_serialize_sccs(saved[0])
-        ctx.set_schedule_whole_component(saved[1])
-        ctx.set_schedule_maximize_band_depth(saved[2])
+#: Bound on the constant terms of isl's schedule functions (``schedule_max_constant_term``) in the second
+#: attempt, as Polly does (``-polly-opt-max-constant-term=20``). Unbounded (isl's default, the first
+#: attempt: the library's schedules were tuned with it), isl's ILP may search shifts up to the specialised
+#: sizes, and its big-number pivots grow with them: ``T(i,j) = A(i)*A(j); B(i) +=! T(i,j)`` took 18 s at
+#: N=10^4, over 120 s at 10^5; bounded, 0.03 s. Bounding it always would change schedules that use a shift
+#: by a size (softmax's, layernorm's), which the strategy then vectorizes less well.
+MAX_CONSTANT_TERM = 20
+
+#: The time box of one isl scheduler run, in seconds of wall time. isl runs in a forked child process that
+#: is killed past it (isl cannot be interrupted in-process: islpy holds the GIL, and ``isl_ctx_abort`` is
+#: only polled at simplex pivots, whose cost grows with the problem: five statements with divided indices
+#: at N=8 spent 1.5 s on 30,000 pivots, 24 s on 100,000, while batchnorm_train needs 135,000 in 0.03 s).
+TIME_BOX = 3.0
+
+#: The operation budget of one run (``isl_ctx_set_max_operations``: isl counts a simplex pivot,
+#: ``isl_tab_pivot``, as one operation). The library's kernels need at most ~150,000.
+MAX_OPERATIONS = 5_000_000
 
 
 def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Schedule:
     """The schedule tree of ``scop``: isl's scheduler, or the source order when
-    ``options.scheduler == "identity"``."""
+    ``options.scheduler == "identity"``.
+
+    isl runs on its own ``isl_ctx`` (constraints and tree cross over as isl text) set for the fusion
+    strategy and at most :data:`MAX_OPERATIONS` pivots, in a child process killed after :data:`TIME_BOX`
+    seconds (None: in this process, with the operation budget only; both are read at each call, so a test
+    can shrink them). When a run is cut off, the fallback is documented and always correct: isl again with
+    the constant terms bounded by :data:`MAX_CONSTANT_TERM`, then also with ``fusion="min"`` (no fusion of
+    strongly connected components: small problems), then the source order (:func:`identity_schedule`,
+    which every dependence follows by construction). ``POLYC_DEBUG=1`` says which was taken. Compile time
+    is so bounded by about three time boxes whatever the sizes. Raises CompileError when isl fails for
+    another reason.
+    """
     if options.scheduler == "identity":
         return identity_schedule(scop)
     validity = deps.all
@@ -58,11 +73,90 @@ def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Sch
         proximity = proximity.union(read_after_read(scop, deps))
     sc = isl.ScheduleConstraints.on_domain(scop.domain)
     sc = sc.set_validity(validity).set_proximity(proximity).set_coincidence(validity)
+    text = sc.to_str()
+    time_box, max_operations = TIME_BOX, MAX_OPERATIONS
+    attempts = ((options.fusion, None), (options.fusion, MAX_CONSTANT_TERM), ("min", MAX_CONSTANT_TERM))
+    for fusion, constant in dict.fromkeys(attempts):
+        found = _boxed(text, fusion, constant, max_operations, time_box)
+        if found.startswith("error:"):
+            raise CompileError(f"isl's scheduler failed on kernel '{scop.name}': {found[6:]}")
+        if found:
+            return isl.Schedule.read_from_str(isl.DEFAULT_CONTEXT, found)
+        debug.log(f"schedule: isl's scheduler on '{scop.name}' with fusion={fusion}, constant terms up to "
+                  f"{constant or 'any'} ran out of its budget "
+                  f"({time_box} s, {max_operations} operations); falling back")
+    return identity_schedule(scop)
+
+
+def isl_schedule_text(constraints: str, fusion: str, max_constant_term: int | None, max_operations: int) -> str:
+    """isl's scheduler on ``constraints`` (isl text) in a private ``isl_ctx`` set for ``fusion`` as in
+    Tensor Comprehensions: ``max`` (``schedule_serialize_sccs=0``, ``schedule_whole_component=0``,
+    ``schedule_maximize_band_depth=1``), ``smart`` (isl's defaults), ``min`` (``schedule_serialize_sccs=1``).
+    ``max_constant_term`` bounds the constant terms (None: unbounded). Returns the tree as isl text, ``""``
+    when ``max_operations`` ran out, or ``"error: ..."``."""
+    ctx = isl.Context()
+    if max_constant_term is not None:
+        ctx.set_schedule_max_constant_term(max_constant_term)
+    if fusion == "min":
+        ctx.set_schedule_serialize_sccs(1)
+    elif fusion == "max":
+        ctx.set_schedule_serialize_sccs(0)
+        ctx.set_schedule_whole_component(0)
+        ctx.set_schedule_maximize_band_depth(1)
+    sc = isl.ScheduleConstraints.read_from_str(ctx, constraints)
+    ctx.reset_operations()
+    ctx.set_max_operations(max_operations)
     try:
-        with _fusion_options(options.fusion):
-            return sc.compute_schedule()
+        return sc.compute_schedule().to_str()
     except isl.Error as exc:
-        raise CompileError(f"isl's scheduler failed on kernel '{scop.name}': {exc}") from None
+        return "" if "maximal number of operations" in str(exc) else f"error: {exc}"
+    finally:
+        ctx.set_max_operations(0)
+
+
+def _boxed(constraints: str, fusion: str, constant: int | None, max_operations: int,
+           time_box: float | None) -> str:
+    """:func:`isl_schedule_text` in a forked child killed after ``time_box`` seconds (``""`` then); in
+    this process when ``time_box`` is None or the platform cannot fork."""
+    if time_box is None or not hasattr(os, "fork"):
+        return isl_schedule_text(constraints, fusion, constant, max_operations)
+    read_end, write_end = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return isl_schedule_text(constraints, fusion, constant, max_operations)
+    if pid == 0:  # the child: compute, write, leave without running the parent's exit handlers
+        status = 1
+        try:
+            os.close(read_end)
+            data = memoryview(isl_schedule_text(constraints, fusion, constant, max_operations).encode())
+            while data:
+                data = data[os.write(write_end, data):]
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    chunks, deadline, finished = [], time.monotonic() + time_box, False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([read_end], [], [], left)[0]:
+                break
+            chunk = os.read(read_end, 1 << 16)
+            if not chunk:
+                finished = True
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        if not finished:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    if not finished or status != 0:
+        return ""
+    return b"".join(chunks).decode()
 
 
 def read_after_read(scop: Scop, deps: Dependences) -> isl.UnionMap:

@@ -1,0 +1,266 @@
+"""Schedule correctness and compile time (issue 16, items 3 and 9).
+
+- A fuzzer's miscompile: tiling put a ``+=!`` update and its initialisation in one tile and left their order
+  to a ``set`` node, below which the register tile's loop distribution (``band_sink``) moved the point loops;
+  isl's AST generator then ran the updates first. Checked against numpy under several option sets.
+- The verifier walks the tree: it rejects hand-made trees whose ``set`` leaves a dependence unordered
+  (which ``isl_schedule_get_map`` hid by numbering set children like a sequence), whose filters drop or
+  repeat instances, or whose parallel mark is on a loop carrying a dependence.
+- Compile time: isl's scheduler with unbounded constant terms grew with the sizes; it is bounded, time-boxed
+  with a fallback (``fusion="min"``, then the source order) that stays correct.
+"""
+import dataclasses
+import time
+
+import islpy as isl
+import numpy as np
+import pytest
+
+import polyc
+from polyc import Options
+from polyc.errors import CompileError
+from polyc.lang import check_def, parse
+from polyc.poly import schedule as schedule_module
+from polyc.poly.build import build_scop
+from polyc.poly.deps import compute_dependences
+from polyc.poly.schedule import compute_schedule, identity_schedule
+from polyc.poly.strategy import optimize
+from polyc.poly.transforms import band_sink, bands, order_sets
+from polyc.poly.verify import check_schedule
+
+FUZZ = """
+def f(float(N) A) -> (T, U, S) {
+    T(i,j,l) = A(j)+A(l)+A(i)
+    U(i) = A(i)*2
+    S(i) +=! T(j/2, j, i)
+}"""
+
+OPTION_SETS = {
+    "default": Options(),
+    "threads=2": Options(threads=2),
+    "fusion=max": Options(fusion="max"),
+    "fusion=min": Options(fusion="min"),
+    "tile_sizes=3": Options(tile_sizes=(3,)),
+    "no_register_tile": Options(register_tile=False),
+    "naive": Options.naive(),
+}
+
+
+def fuzz_reference(a: np.ndarray):
+    a64 = a.astype(np.float64)
+    n = len(a)
+    t = a64[None, :, None] + a64[None, None, :] + a64[:, None, None]
+    u = a64 * 2
+    # S(i) = sum over j in 0:N of T(j/2, j, i) = A(j) + A(i) + A(j/2)
+    s = np.array([sum(a64[j] + a64[i] + a64[j // 2] for j in range(n)) for i in range(n)])
+    return t, u, s
+
+
+def scop_of(source: str, **sizes):
+    program = parse(source)
+    return build_scop(check_def(program.defs[0], source), sizes)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 7, 9, 33])
+@pytest.mark.parametrize("name", list(OPTION_SETS))
+def test_fuzzer_reduction_is_initialised_before_it_accumulates(name, n):
+    a = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    t, u, s = polyc.define(FUZZ, options=OPTION_SETS[name])(a)
+    rt, ru, rs = fuzz_reference(a)
+    np.testing.assert_allclose(t, rt, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(u, ru, rtol=1e-6)
+    np.testing.assert_allclose(s, rs, rtol=1e-4, atol=1e-4 * n)
+
+
+def test_the_register_tile_is_kept_and_orders_the_initialisation_first():
+    # the strategy's own tree (not the fallback) must be right: S2 (init of S) before every S3 (update)
+    scop = scop_of(FUZZ, N=4)
+    deps = compute_dependences(scop)
+    transformed, _ = optimize(compute_schedule(scop, deps, Options()), scop, deps, _Target(), Options())
+    check_schedule(transformed, scop, deps, "transformed")
+    assert "vector" in str(transformed)  # the register-tiled tree, not simple_band's fallback
+
+
+class _Target:
+    cores, vector_bits, l2_bytes = 2, 256, 1 << 19
+
+
+def _tree_with_set_below_a_band(scop):
+    """The fuzzer's shape by hand: a band orders init S2 before update S3 at equal i; a set below."""
+    return isl.Schedule(
+        '{ domain: "%s", child: { schedule: "[{ S0[i, j, l] -> [(l)]; S2[i] -> [(i)]; S3[i, j] -> [(i)] }, '
+        '{ S0[i, j, l] -> [(1 + i)]; S2[i] -> [(0)]; S3[i, j] -> [(5)] }, '
+        '{ S0[i, j, l] -> [(j)]; S2[i] -> [(0)]; S3[i, j] -> [(j)] }]", '
+        'child: { set: [ { filter: "{ S2[i] }" }, { filter: "{ S0[i, j, l]; S3[i, j] }", '
+        'child: { sequence: [ { filter: "{ S0[i, j, l] }" }, { filter: "{ S3[i, j] }" } ] } } ] } } }'
+        % scop.domain)
+
+
+def test_the_verifier_rejects_a_set_that_leaves_init_and_update_unordered():
+    full = scop_of(FUZZ, N=4)
+    scop = dataclasses.replace(full, statements=tuple(s for s in full.statements if s.name != "S1"))
+    deps = compute_dependences(scop)
+    good = _tree_with_set_below_a_band(scop)
+    check_schedule(good, scop, deps, "good")  # the band orders S2 before S3
+    # isl's band_sink alone leaves S2 -> S3 to the set: the AST generator may run S3 first
+    bad = bands(good)[0].band_sink().get_schedule()
+    with pytest.raises(CompileError, match="set leaves dependent children unordered"):
+        check_schedule(bad, scop, deps, "bad")
+    # the flat schedule map numbers the set's children like a sequence: blind to it (the old verifier)
+    flat = bad.get_map()
+    in_time = isl.Map.from_union_map(deps.all.apply_domain(flat).apply_range(flat))
+    assert in_time.intersect(isl.Map.lex_ge(in_time.get_space().domain())).is_empty()
+    # the checked sink orders the set by the dependences first, and is right
+    sunk = band_sink(bands(good)[0], deps.all).get_schedule()
+    check_schedule(sunk, scop, deps, "sunk")
+    assert "set" not in str(sunk)
+
+
+def test_order_sets_leaves_a_cycle_alone_and_band_sink_refuses_it():
+    source = """
+def cyc(float(N) A) -> (X, Y) {
+    X(i) = A(i) where i in 0:N
+    Y(i) = X(i) where i in 0:N
+}"""
+    scop = scop_of(source, N=5)
+    deps = compute_dependences(scop)
+    # the band runs X[i] before Y[i]; below it a sequence puts Y first: no sink is legal
+    tree = isl.Schedule('{ domain: "%s", child: { schedule: "[{ S0[i] -> [(2i)]; S1[i] -> [(2i + 1)] }]", '
+                        'child: { sequence: [ { filter: "{ S1[i] }" }, { filter: "{ S0[i] }" } ] } } }'
+                        % scop.domain)
+    check_schedule(tree, scop, deps, "good")
+    band = bands(tree)[0]
+    assert order_sets(band, deps.all).get_schedule().plain_is_equal(tree)
+    with pytest.raises(CompileError, match="violates|sequence runs"):
+        band_sink(band, deps.all)
+
+
+def test_the_verifier_checks_filters_and_parallel_marks():
+    source = """
+def cumsum(float(N) A) -> (float(N) B) {
+    B(i) = A(i) where i in 0:1
+    B(i) += B(i-1) + A(i) where i in 1:N
+}"""
+    scop = scop_of(source, N=6)
+    deps = compute_dependences(scop)
+    missing = isl.Schedule('{ domain: "%s", child: { sequence: [ { filter: "{ S0[i] }" }, '
+                           '{ filter: "{ S1[i] : i < 3 }" } ] } }' % scop.domain)
+    with pytest.raises(CompileError, match="never runs"):
+        check_schedule(missing, scop, deps, "missing")
+    twice = isl.Schedule('{ domain: "%s", child: { sequence: [ { filter: "{ S0[i]; S1[i] : i < 3 }" }, '
+                         '{ filter: "{ S1[i] }" } ] } }' % scop.domain)
+    with pytest.raises(CompileError, match="twice"):
+        check_schedule(twice, scop, deps, "twice")
+    serial = isl.Schedule('{ domain: "%s", child: { schedule: "[{ S0[i] -> [(i)]; S1[i] -> [(i)] }]" } }'
+                          % scop.domain)
+    check_schedule(serial, scop, deps, "serial")
+    marked = bands(serial)[0].insert_mark(isl.Id.read_from_str(isl.DEFAULT_CONTEXT, "parallel_c0"))
+    with pytest.raises(CompileError, match="parallel"):
+        check_schedule(marked.get_schedule(), scop, deps, "parallel")
+
+
+# ---- compile time ----------------------------------------------------------------------------------------
+
+OUTER = """
+def outer_sum(float(N) A) -> (T, B) {
+    T(i,j) = A(i)*A(j)
+    B(i) +=! T(i,j)
+}"""
+
+
+@pytest.mark.parametrize("fusion", ["smart", "max"])
+def test_scheduling_time_does_not_grow_with_the_sizes(fusion):
+    # isl took 18 s at N=10^4 and over 120 s at 10^5: now the time box cuts it off and isl, run again with
+    # bounded constant terms, takes milliseconds
+    scop = scop_of(OUTER, N=100_000)
+    deps = compute_dependences(scop)
+    started = time.perf_counter()
+    schedule = compute_schedule(scop, deps, Options(fusion=fusion))
+    optimize(schedule, scop, deps, _Target(), Options(fusion=fusion))
+    assert time.perf_counter() - started < 20
+    check_schedule(schedule, scop, deps, "schedule")
+    assert not schedule.plain_is_equal(identity_schedule(scop))  # isl's, with the band fused
+
+
+def test_bounded_constant_terms_schedule_the_outer_sum_quickly(monkeypatch):
+    monkeypatch.setattr(schedule_module, "TIME_BOX", None)
+    text = isl.ScheduleConstraints.on_domain(scop_of(OUTER, N=100_000).domain)
+    scop = scop_of(OUTER, N=100_000)
+    deps = compute_dependences(scop)
+    text = text.set_validity(deps.all).set_proximity(deps.raw).set_coincidence(deps.all).to_str()
+    started = time.perf_counter()
+    found = schedule_module.isl_schedule_text(text, "smart", schedule_module.MAX_CONSTANT_TERM, 10 ** 7)
+    assert time.perf_counter() - started < 5
+    check_schedule(isl.Schedule.read_from_str(isl.DEFAULT_CONTEXT, found), scop, deps, "bounded")
+
+
+def test_outer_sum_compiles_quickly_and_right():
+    # the whole pipeline (with the verifier on) at a size that blew up; run on a small array of the same
+    # def to check the numbers
+    kernel = polyc.define(OUTER, options=Options(fusion="smart"))
+    started = time.perf_counter()
+    kernel.specialize_sizes({"N": 100_000})
+    assert time.perf_counter() - started < 20
+    a = np.random.default_rng(0).standard_normal(37).astype(np.float32)
+    t, b = kernel(a)
+    np.testing.assert_allclose(t, np.outer(a, a), rtol=1e-6)
+    np.testing.assert_allclose(b, np.outer(a, a).astype(np.float64).sum(axis=1), rtol=1e-4, atol=1e-4)
+
+
+DIVIDED = """
+def divided(float(N) A, float(3,N) B) -> (T0, T1, T2, T3, T4) {
+    T0(i,j) +=! B(i % 3, j) * A(i) * A(j) + A(l)
+    T1(i,j,l) = T0(i, j/2) * A(l) + T0(l/3, j)
+    T2(i,j) +=! T1(j/2, i, l) + T0(i, l)
+    T3(i,j,l) = T2(i/2, j) + T1(l, i, j/3) + A(l)
+    T4(i,j) +=! T3(j,j,l) + T2(i, l/2) + T1(l, i, j)
+}"""
+
+
+def test_divided_indices_compile_in_bounded_time_and_right():
+    # five statements with divided indices: check_schedule's get_map of the tiled tree took over 14 minutes
+    # at N=8; isl's scheduler itself runs into its time box and falls back to fusion=min
+    n = 8
+    a = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal((3, n)).astype(np.float32)
+    started = time.perf_counter()
+    outs = polyc.define(DIVIDED)(a, b)
+    assert time.perf_counter() - started < 60
+    # the oracle: source order, every transformation off (ranges as polyc infers them: T0 is 8 x 16)
+    oracle = polyc.define(DIVIDED, options=Options.naive().replace(scheduler="identity"))(a, b)
+    assert [o.shape for o in outs] == [o.shape for o in oracle]
+    for got, want in zip(outs, oracle):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    t0 = oracle[0]  # and the first statement against numpy: T0(i,j) = sum_l B(i%3,j)*A(i)*A(j) + A(l)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = np.array([[sum(b64[i % 3, j] * a64[i] * a64[j] + a64[l] for l in range(n)) for j in range(n)]
+                     for i in range(n)])
+    np.testing.assert_allclose(t0[:, :n], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("budget", [dict(MAX_OPERATIONS=1, TIME_BOX=None), dict(TIME_BOX=0.0)],
+                         ids=["operations", "seconds"])
+def test_the_time_box_falls_back_to_a_correct_schedule(budget, monkeypatch):
+    # a budget no run of isl can meet: the source order, still right
+    for name, value in budget.items():
+        monkeypatch.setattr(schedule_module, name, value)
+    scop = scop_of(FUZZ, N=5)
+    deps = compute_dependences(scop)
+    fallback = compute_schedule(scop, deps, Options())
+    assert fallback.plain_is_equal(identity_schedule(scop))
+    check_schedule(fallback, scop, deps, "fallback")
+
+
+def test_a_kernel_compiled_under_a_tiny_budget_matches_numpy(monkeypatch, tmp_path):
+    monkeypatch.setattr(schedule_module, "MAX_OPERATIONS", 1)
+    monkeypatch.setattr(schedule_module, "TIME_BOX", None)
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))  # nothing compiled under the normal budget
+    for n in (3, 8):
+        a = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+        kernel = polyc.define(FUZZ)
+        assert kernel.specialize(a).stage("schedule") == str(identity_schedule(scop_of(FUZZ, N=n)))
+        t, u, s = kernel(a)
+        rt, ru, rs = fuzz_reference(a)
+        np.testing.assert_allclose(t, rt, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(u, ru, rtol=1e-6)
+        np.testing.assert_allclose(s, rs, rtol=1e-4, atol=1e-4 * n)
