@@ -21,6 +21,7 @@ import os
 import select
 import signal
 import time
+import warnings
 
 import islpy as isl
 
@@ -122,7 +123,9 @@ def _boxed(constraints: str, fusion: str, constant: int | None, max_operations: 
         return isl_schedule_text(constraints, fusion, constant, max_operations)
     read_end, write_end = os.pipe()
     try:
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python 3.12 warns of fork() beside threads: the child runs isl only
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
     except OSError:
         os.close(read_end)
         os.close(write_end)
@@ -131,7 +134,11 @@ def _boxed(constraints: str, fusion: str, constant: int | None, max_operations: 
         status = 1
         try:
             os.close(read_end)
-            data = memoryview(isl_schedule_text(constraints, fusion, constant, max_operations).encode())
+            try:
+                text = isl_schedule_text(constraints, fusion, constant, max_operations)
+            except Exception as exc:  # noqa: BLE001 - reported to the parent as isl's failure
+                text = f"error: {type(exc).__name__}: {exc}"
+            data = memoryview(text.encode())
             while data:
                 data = data[os.write(write_end, data):]
             status = 0
@@ -139,10 +146,13 @@ def _boxed(constraints: str, fusion: str, constant: int | None, max_operations: 
             os._exit(status)
     os.close(write_end)
     chunks, deadline, finished = [], time.monotonic() + time_box, False
+    poller = select.poll()  # not select(): file descriptors past 1023 are fine
+    poller.register(read_end, select.POLLIN)
+    status = 1
     try:
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([read_end], [], [], left)[0]:
+            if left <= 0 or not poller.poll(1000 * left):
                 break
             chunk = os.read(read_end, 1 << 16)
             if not chunk:
@@ -153,7 +163,10 @@ def _boxed(constraints: str, fusion: str, constant: int | None, max_operations: 
         os.close(read_end)
         if not finished:
             os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:  # SIGCHLD ignored by the host program: the child was reaped already
+            status = 0 if finished else 1
     if not finished or status != 0:
         return ""
     return b"".join(chunks).decode()
