@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -38,6 +39,13 @@ def program_seed(seed: int, index: int) -> int:
 
 # ---- worker ------------------------------------------------------------------------------------------------
 
+def _cpu() -> float:
+    """CPU seconds (user + system) of this process and of its finished children (polyc may run isl's
+    scheduler in a forked child)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def worker_main() -> None:
     """Read one JSON task per line ({"index", "seed", "options"}), answer with "start" lines before each polyc
     run and one "done" line per task."""
@@ -48,6 +56,7 @@ def worker_main() -> None:
     sys.stdout = sys.stderr
     for line in sys.stdin:
         task = json.loads(line)
+        cpu = _cpu()
         program = F.generate(task["seed"])
         if task.get("options"):
             program.plan = [p for p in program.plan if p[0] in task["options"]]
@@ -63,7 +72,9 @@ def worker_main() -> None:
             import traceback
             outcomes = [{"option_set": "-", "spec": "", "sizes": {}, "status": "harness",
                          "detail": traceback.format_exc(), "seconds": 0.0}]
-        out.write(json.dumps({"done": outcomes, "seconds": time.perf_counter() - t}) + "\n")
+        out.write(json.dumps({"done": outcomes, "seconds": time.perf_counter() - t,
+                              "cpu": _cpu() - cpu, "text": program.text,
+                              "attempt": program.attempt}) + "\n")
         out.flush()
 
 
@@ -129,7 +140,7 @@ def supervise(tasks, jobs: int, timeout: float, env, on_result) -> None:
                             if "start" in msg:
                                 w.current = msg["start"]
                             else:
-                                on_result(w.task, msg["done"], "done", None)
+                                on_result(w.task, msg["done"], "done", msg)
                                 w.task = None
                         if w.task is not None:
                             continue
@@ -147,9 +158,12 @@ def supervise(tasks, jobs: int, timeout: float, env, on_result) -> None:
 
 # ---- parent ------------------------------------------------------------------------------------------------
 
-def reproducer(program, kind, option_set, spec, sizes, detail) -> str:
-    return (f"### {kind}: program seed {program.seed}, options '{option_set}' (`{spec or '(default)'}`), "
-            f"sizes {sizes}\n\n```\n{program.text}\n```\n\n{detail}\n")
+def reproducer(seed, text, kind, option_set, spec, sizes, case, bad_index, detail) -> str:
+    data = "out-of-range index data" if bad_index else "in-range data"
+    return (f"### {kind}: program seed {seed}, options '{option_set}' (`{spec or '(default)'}`), "
+            f"sizes {sizes} ({data})\n\n```\n{text}\n```\n\n{detail}\n\nReproduce: `python -c 'import sys; "
+            f"sys.path.insert(0, \"tests\"); import fuzz_programs as F; F.reproduce({seed}, \"{option_set}\", "
+            f"{case})'`\n")
 
 
 def main(argv=None) -> int:
@@ -184,46 +198,55 @@ def main(argv=None) -> int:
     runs = Counter()
     failures, rejections = [], []
     seconds = []
+    cpu_seconds = []
     bar = None
     if not args.quiet:
         from tqdm import tqdm
         bar = tqdm(total=len(tasks), unit="prog", file=sys.stderr)
 
     def on_result(task, outcomes, kind, where):
-        program = F.generate(task["seed"])
         counts["programs"] += 1
         if kind != "done":
             counts[kind + "ed" if kind == "crash" else "timeouts"] += 1
+            program = F.generate(task["seed"])
             current, code = where
             name, spec, sizes = current if current else ("?", "?", "?")
+            case = program.sizes.index(sizes) if sizes in program.sizes else 0
             detail = (f"the worker died (exit status {code})" if kind == "crash"
                       else f"no answer within {args.timeout:.0f} s")
-            failures.append((kind, reproducer(program, kind, name, spec, sizes, detail)))
+            failures.append((kind, reproducer(task["seed"], program.text, kind, name, spec, sizes, case,
+                                              program.bad_index[case], detail)))
         else:
+            cpu_seconds.append(where["cpu"])
             statuses = Counter(o["status"] for o in outcomes)
             runs.update(statuses)
             seconds.extend(o["seconds"] for o in outcomes if o["status"] in ("ok", "mismatch"))
             if statuses["ok"] or statuses["mismatch"]:
                 counts["compiled"] += 1
-            elif statuses["rejected"] or statuses["agreed-invalid"]:
+            elif any(statuses[k] for k in ("rejected", "agreed-invalid", "agreed-oob", "runtime-check")):
                 counts["rejected"] += 1
-            if statuses["mismatch"]:
-                counts["mismatched"] += 1
-            if statuses["foreign"]:
-                counts["foreign"] += 1
-            if statuses["harness"]:
-                counts["harness errors"] += 1
+            if statuses["runtime-check"] or statuses["agreed-oob"]:
+                counts["oob caught"] += 1
+            if any(o["bad_index"] for o in outcomes):
+                counts["bad index data"] += 1
+            if where["attempt"]:
+                counts["regenerated"] += 1
+            for k in ("mismatch", "foreign", "harness"):
+                if statuses[k]:
+                    counts[{"mismatch": "mismatched", "harness": "harness errors"}.get(k, k)] += 1
             for o in outcomes:
                 if o["status"] in ("mismatch", "foreign", "harness"):
-                    failures.append((o["status"], reproducer(program, o["status"], o["option_set"], o["spec"],
-                                                             o["sizes"], o["detail"])))
+                    failures.append((o["status"], reproducer(task["seed"], where["text"], o["status"],
+                                                             o["option_set"], o["spec"], o["sizes"], o["case"],
+                                                             o["bad_index"], o["detail"])))
                 elif o["status"] == "rejected" and len(rejections) < 30:
-                    rejections.append(f"seed {program.seed} sizes {o['sizes']} `{o['spec']}`: {o['detail']}")
+                    rejections.append(f"seed {task['seed']} sizes {o['sizes']} `{o['spec']}`: {o['detail']}")
         if bar is not None:
             bar.update(1)
             bar.set_postfix(fail=len(failures), refresh=False)
 
     started = time.perf_counter()
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         supervise(tasks, args.jobs, args.timeout, env, on_result)
     finally:
@@ -232,12 +255,19 @@ def main(argv=None) -> int:
         if cache_dir:
             shutil.rmtree(cache_dir, ignore_errors=True)
     elapsed = time.perf_counter() - started
-    columns = ("programs", "compiled", "rejected", "mismatched", "crashed", "foreign", "timeouts")
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    worker_cpu = (children.ru_utime + children.ru_stime) - (children_before.ru_utime + children_before.ru_stime)
+    columns = ("programs", "compiled", "rejected", "mismatched", "crashed", "foreign", "timeouts", "oob caught",
+               "bad index data", "regenerated")
     print("| " + " | ".join(columns) + " |")
     print("|" + " ---: |" * len(columns))
     print("| " + " | ".join(str(counts[c]) for c in columns) + " |")
     print(f"\n{counts['programs']} programs in {elapsed:.1f} s ({counts['programs'] / elapsed:.2f} programs/s, "
           f"{args.jobs} jobs); polyc runs: " + ", ".join(f"{k} {v}" for k, v in sorted(runs.items())))
+    n = max(1, counts["programs"])
+    print(f"CPU: {worker_cpu:.1f} s in workers ({worker_cpu / n:.3f} s per program, start-up included); "
+          f"{sum(cpu_seconds):.1f} s running programs ({sum(cpu_seconds) / max(1, len(cpu_seconds)):.3f} s "
+          f"per finished program)")
     if seconds:
         seconds.sort()
         print(f"compile+run seconds per accepted run: median {seconds[len(seconds) // 2]:.3f}, "

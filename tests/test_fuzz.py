@@ -1,8 +1,8 @@
 """The differential fuzzer: its reference interpreter checked against numpy, and a short fuzz run of polyc.
 
 The long run is ``python scripts/fuzz.py --programs 20000 --seed 1``; here a fixed seed of a few dozen
-programs (every program under every option set at 2-3 sizes) must give no mismatch, crash or foreign
-exception.
+programs (each under 3-5 option sets and sizes, see ``fuzz_programs._plan``) must give no mismatch, crash or
+foreign exception.
 """
 from __future__ import annotations
 
@@ -117,6 +117,72 @@ def test_data_dependent_index_and_bounds():
     R.run("def f(float(N) A) -> (B) { B(i) = i < N-1 ? A(i+1) : 0.0 where i in 0:N }", [a])
     with pytest.raises(R.TCError, match="leave"):
         R.run("def f(float(N) A) -> (B) { B(i) = A(i) > 9.0 ? A(i+1) : 0.0 where i in 0:N }", [a])
+
+
+def test_index_casts_wrap_and_divisions_round_down():
+    a = rand(300)
+    i = np.arange(300)
+    # int8(i) wraps around past 127: the read leaves A (an affine index: rejected as polyc does, statically)
+    with pytest.raises(R.TCError, match="can leave"):
+        R.run("def f(float(N) A) -> (B) { B(i) = A(int8(i)) where i in 0:N }", [a])
+    b, = values("def f(float(N) A) -> (B) { B(i) = A(int8(i) + 128) where i in 0:N }", a[:256])
+    np.testing.assert_array_equal(b, a[i[:256].astype(np.int8).astype(np.int64) + 128])
+    c, = values("def f(float(N) A) -> (C) { C(i) = A(uint8(i * 37) % N) where i in 0:N }", a[:13])
+    np.testing.assert_array_equal(c, a[(i[:13] * 37).astype(np.uint8).astype(np.int64) % 13])
+    # int8 arithmetic wraps too; a literal that does not fit int8 promotes to int32
+    d, = values("def f(float(N) A) -> (D) { D(i) = A((int8(i) * 37) % N) where i in 0:N }", a[:13])
+    np.testing.assert_array_equal(d, a[(i[:13].astype(np.int8) * np.int8(37)).astype(np.int64) % 13])
+    # / and % round toward minus infinity for negative divisors; by zero they give 0
+    n = 10
+    e, f, g = values("""def f(float(N) A) -> (E, F, G) {
+        E(i) = A(-(i % -3)) where i in 0:N
+        F(i) = A(i / -2 + N - 1) where i in 0:N
+        G(i) = A(i / 0 + i % 0) where i in 0:N
+    }""", a[:n])
+    np.testing.assert_array_equal(e, a[-(i[:n] % -3)])
+    np.testing.assert_array_equal(f, a[i[:n] // -2 + n - 1])
+    np.testing.assert_array_equal(g, np.full(n, a[0]))
+
+
+def test_range_inference_ignores_casts_that_may_wrap():
+    a = rand(7)
+    with pytest.raises(R.TCError, match="cannot infer"):
+        R.run("def f(float(N) A) -> (B) { B(i) = A(int8(i)) }", [a])
+    b, = values("def f(float(N) A) -> (B) { B(i) = A(int64(i)) }", a)
+    np.testing.assert_array_equal(b, a)
+    # a cast over a where-clause index that cannot wrap bounds another index
+    c, = values("def f(float(N) A) -> (C) { C(i, j) = A(int8(j) + i) where j in 0:2 }", a)
+    assert c.shape == (6, 2)
+
+
+def test_non_affine_and_data_dependent_reads_are_checked_when_evaluated():
+    a = rand(5)
+    with pytest.raises(R.OutOfBounds):
+        R.run("def f(float(N) A) -> (B) { B(i) = A(i*i) where i in 0:N }", [a])
+    b, = values("def f(float(N) A) -> (B) { B(i) = i*i < N ? A(i*i) : 0.0 where i in 0:N }", a)
+    np.testing.assert_array_equal(b, [a[0], a[1], a[4], 0, 0])
+    # && and || evaluate their right operand only when needed
+    c, = values("def f(float(N) A) -> (C) { C(i) = (i < 2 && A(i*i) > 9.0) ? 1.0 : 0.0 where i in 0:N }", a)
+    np.testing.assert_array_equal(c, np.zeros(5))
+    with pytest.raises(R.OutOfBounds):
+        R.run("def f(float(N) A) -> (C) { C(i) = (i < 3 || A(i*i) > 9.0) ? 1.0 : 0.0 where i in 0:N }", [a])
+    with pytest.raises(R.OutOfBounds):
+        R.run("def f(float(N) A, int32(M) I) -> (G) { G(i) = A(I(i)) }", [a, np.array([0, -1], np.int32)])
+
+
+def test_generator_covers_checked_indices_and_bad_index_data():
+    texts, bad, kinds = [], 0, set()
+    for seed in range(300):
+        p = F.generate(seed)
+        texts.append(p.text)
+        bad += any(p.bad_index[e[2]] for e in p.plan)
+        kinds.update(F.reference(p, e[2]).kind for e in p.plan)
+        assert any(F.reference(p, k).kind == "ok" for k in range(len(p.sizes))) or len(p.plan) == 1
+        assert {e[0] for e in p.plan} >= {"default", "tiles"} or len(p.plan) == 1
+    text = "\n".join(texts)
+    for needle in ("int8(", "int16(", "% (-", "/ (-", "I(", "(i * j)"):
+        assert needle in text, needle
+    assert bad >= 5 and {"ok", "oob", "invalid"} <= kinds
 
 
 def test_compare_catches_a_wrong_element_and_tolerates_rounding():
