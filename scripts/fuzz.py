@@ -1,13 +1,23 @@
 """Differential fuzzing of polyc: random TC programs against an independent reference interpreter.
 
-    python scripts/fuzz.py --programs 2000 --seed 1 [--jobs 2] [--options default,naive,...] [--timeout 60]
+    python scripts/fuzz.py --programs 2000 --seed 1 [--jobs 2] [--options default,tiles,...] [--timeout 60]
 
-Each program (``tests/fuzz_programs.py``) is compiled by polyc under several option sets at 2-3 small sizes
-(1 and odd primes among them; 5% of programs also at a large size with two threads, where loops run in
-parallel) and every output is compared with ``tests/tc_reference.py``. polyc runs in worker processes
-(restarted when one dies) with a per-program time limit, so a segfault is counted as a crash and a compile
-that does not finish as a timeout. Prints a summary table and a standalone reproducer for every failure;
-exits 1 on any mismatch, crash or foreign exception. ``--json FILE`` writes the summary and failures.
+Each program (``tests/fuzz_programs.py``) is first judged by the reference (``tests/tc_reference.py``) at
+2-3 small sizes (1 and odd primes among them); a candidate invalid at every size is mostly replaced before
+polyc sees it. polyc then compiles it 3-5 times: the default options at a valid size (LLVM -O3) and at
+another size (-O0; where the reference finds a read out of bounds, or the program invalid), tiles with two
+threads, and a rotating extra set (naive, fusion=min, wild, identity), each at -O0; 5% of programs also
+run at a large size with two threads. Indices include products of indices (checked at run time by polyc),
+wrapping casts and divisions by negative constants (checked at compile time), and some programs get
+out-of-range index data: where the reference finds a read out of bounds, polyc must raise a PolycError
+(``oob caught``) and never return a result; where it finds every read in bounds, polyc's results must match
+and a run-time failure is a mismatch. polyc's between-stage verifier is on for 10% of the tiled runs only.
+
+polyc runs in worker processes (restarted when one dies) with a per-program time limit, so a segfault is
+counted as a crash and a compile that does not finish as a timeout. Prints a summary table, the CPU time of
+the workers (user + system, with their children: the figure to compare across runs on a shared machine) and
+a reproducer for every failure; exits 1 on any mismatch, crash or foreign exception. ``--json FILE`` writes
+the summary and failures.
 
 Each worker uses a private temporary disk cache (``POLYC_CACHE_DIR``) unless the environment sets one.
 """
