@@ -41,7 +41,7 @@ from .poly.deps import compute_dependences
 from .poly.schedule import compute_schedule
 from .poly.promote import promote
 from .poly.strategy import optimize
-from .poly.verify import check_schedule, respects
+from .poly.verify import check_schedule
 from .runtime import cache
 
 __version__ = "0.1.0"
