@@ -393,3 +393,17 @@ def test_long_identifiers_in_a_long_sum():
     long = "z" * 3000
     a = np.ones(2**20, np.float32)
     assert polyc.define(f"def s(float(N) A{long}) -> (T{long}) {{ T{long}() +=! A{long}(i) }}")(a) == 2**20
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "int16"])
+@pytest.mark.parametrize("op, ref", [("%", np.mod), ("/", np.floor_divide)])
+def test_floor_div_mod_by_a_tensor_in_unrolled_vector_code(dtype, op, ref):
+    """Found by scripts/fuzz.py: the unrolled scalar remainders of an int32 ``%`` (packed by LLVM's SLP
+    vectorizer) lost the floor adjustment on AVX-512; every element against numpy, negative divisors too."""
+    src = f"def f({dtype}(K) P, {dtype}(N,K) B) -> (O) {{ O(j, l, k) = (P(k) + P(l)) {op} B(j, l) }}"
+    kernel = polyc.define(src)
+    rng = np.random.default_rng(7)
+    for n, k in [(9, 9), (9, 11), (5, 17), (3, 40)]:
+        p = rng.integers(-60, 60, k).astype(dtype)
+        b = (rng.integers(1, 7, (n, k)) * rng.choice([-1, 1], (n, k))).astype(dtype)
+        np.testing.assert_array_equal(kernel(p, b), ref(p[None, :, None] + p[None, None, :], b[:, :, None]))

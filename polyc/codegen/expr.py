@@ -205,14 +205,32 @@ def int_div_mod(b: ir.IRBuilder, x: ir.Value, y: ir.Value, unsigned: bool, want:
     by_minus_one = b.icmp_signed("==", y, const(ty, -1))
     special = b.or_(by_zero, by_minus_one)
     safe = b.select(special, one, y)
-    q = b.sdiv(x, safe)
     r = b.srem(x, safe)
+    if want == "mod" and _element_bits(ty) <= 32:
+        # floor(x mod y) = trunc((r + y) srem y) in twice the width (no overflow, no select): the form
+        # with a sign-test select is miscompiled by LLVM 22's x86 backend (AVX-512) once SLP packs the
+        # unrolled scalar copies of an int32 `%` (tests/test_index_safety.py, found by scripts/fuzz.py)
+        wide = _widened(ty)
+        wide_safe = b.sext(safe, wide)
+        floor_r = b.trunc(b.srem(b.add(b.sext(r, wide), wide_safe), wide_safe), ty)
+        return b.select(special, zero, floor_r)
+    q = b.sdiv(x, safe)
     adjust = b.and_(b.icmp_signed("!=", r, zero), b.icmp_signed("<", b.xor(r, safe), zero))
     if want == "div":
         q = b.select(adjust, b.sub(q, one), q)
         return b.select(by_zero, zero, b.select(by_minus_one, b.sub(zero, x), q))
     r = b.select(adjust, b.add(r, safe), r)
     return b.select(special, zero, r)
+
+
+def _element_bits(ty: ir.Type) -> int:
+    return (ty.element if isinstance(ty, ir.VectorType) else ty).width
+
+
+def _widened(ty: ir.Type) -> ir.Type:
+    """The integer type (or vector of it) of twice ``ty``'s element width."""
+    wide = ir.IntType(2 * _element_bits(ty))
+    return ir.VectorType(wide, ty.count) if isinstance(ty, ir.VectorType) else wide
 
 
 def float_mod(b: ir.IRBuilder, module: ir.Module, x: ir.Value, y: ir.Value) -> ir.Value:
