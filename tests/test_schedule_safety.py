@@ -238,7 +238,7 @@ def test_divided_indices_compile_in_bounded_time_and_right():
     np.testing.assert_allclose(t0[:, :n], want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("budget", [dict(MAX_OPERATIONS=1, TIME_BOX=None), dict(TIME_BOX=0.0)],
+@pytest.mark.parametrize("budget", [dict(MAX_OPERATIONS=1, TIME_BOX=None), dict(TIME_BOX=0.0, IN_PROCESS_OPERATIONS=1)],
                          ids=["operations", "seconds"])
 def test_the_time_box_falls_back_to_a_correct_schedule(budget, monkeypatch):
     # a budget no run of isl can meet: the source order, still right

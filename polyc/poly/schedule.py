@@ -47,6 +47,11 @@ MAX_CONSTANT_TERM = 20
 #: at N=8 spent 1.5 s on 30,000 pivots, 24 s on 100,000, while batchnorm_train needs 135,000 in 0.03 s).
 TIME_BOX = 3.0
 
+#: The operation budget of the first, in-process run (no fork): every kernel of the library but the largest
+#: (batchnorm_train: 135,000) needs fewer pivots; one that runs out is scheduled again in the time box.
+#: Forking costs ~5-10 ms in a process of a gigabyte, so most kernels are better off without it.
+IN_PROCESS_OPERATIONS = 30_000
+
 #: The operation budget of one run (``isl_ctx_set_max_operations``: isl counts a simplex pivot,
 #: ``isl_tab_pivot``, as one operation). The library's kernels need at most ~150,000.
 MAX_OPERATIONS = 5_000_000
@@ -57,8 +62,9 @@ def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Sch
     ``options.scheduler == "identity"``.
 
     isl runs on its own ``isl_ctx`` (constraints and tree cross over as isl text) set for the fusion
-    strategy and at most :data:`MAX_OPERATIONS` pivots, in a child process killed after :data:`TIME_BOX`
-    seconds (None: in this process, with the operation budget only; both are read at each call, so a test
+    strategy: first in this process on :data:`IN_PROCESS_OPERATIONS` pivots, which is enough for almost
+    every kernel; past that, again with at most :data:`MAX_OPERATIONS` pivots in a child process killed
+    after :data:`TIME_BOX` seconds (None: in this process, with the operation budget only; both are read at each call, so a test
     can shrink them). When a run is cut off, the fallback is documented and always correct: isl again with
     the constant terms bounded by :data:`MAX_CONSTANT_TERM`, then also with ``fusion="min"`` (no fusion of
     strongly connected components: small problems), then the source order (:func:`identity_schedule`,
@@ -76,6 +82,12 @@ def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Sch
     sc = sc.set_validity(validity).set_proximity(proximity).set_coincidence(validity)
     text = sc.to_str()
     time_box, max_operations = TIME_BOX, MAX_OPERATIONS
+    if time_box is not None:  # cheap first: in this process, on a small pivot budget
+        found = isl_schedule_text(text, options.fusion, None, min(IN_PROCESS_OPERATIONS, max_operations))
+        if found.startswith("error:"):
+            raise CompileError(f"isl's scheduler failed on kernel '{scop.name}': {found[6:]}")
+        if found:
+            return isl.Schedule.read_from_str(isl.DEFAULT_CONTEXT, found)
     attempts = ((options.fusion, None), (options.fusion, MAX_CONSTANT_TERM), ("min", MAX_CONSTANT_TERM))
     for fusion, constant in dict.fromkeys(attempts):
         found = _boxed(text, fusion, constant, max_operations, time_box)
