@@ -11,9 +11,9 @@ import onnxruntime  # noqa: E402  (a test dependency: a missing install must fai
 def test_native_matches_the_python_executor_and_onnxruntime_and_reloads_from_cache(tmp_path, monkeypatch):
     import onnx
 
-    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))  # weights are data: another test's squeezenet hits
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))  # weights are data: another test's shufflenet hits
 
-    model = reweight(onnx.load(light_model_path("squeezenet")), seed=3)
+    model = reweight(onnx.load(light_model_path("shufflenet")), seed=3)
     compiled = ponnx.compile(model)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(compiled.input_shapes[0]).astype(np.float32)
