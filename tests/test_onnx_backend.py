@@ -33,10 +33,12 @@ def supported_node_tests():
 
 
 def known_failures() -> list[str]:
-    """The cases listed in ``onnx_backend_known_failures.txt`` (by cause): expected failures, so the rest
-    must pass, and a listed case that starts passing is reported (an unexpected success fails the run)."""
-    path = Path(__file__).resolve().parent / "onnx_backend_known_failures.txt"
-    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    """The cases listed in ``onnx_backend_known_failures/*.txt`` (one file per converter family, grouped by
+    cause): expected failures, so the rest must pass, and a listed case that starts passing is reported (an
+    unexpected success fails the run)."""
+    folder = Path(__file__).resolve().parent / "onnx_backend_known_failures"
+    return [line.strip() for path in sorted(folder.glob("*.txt")) for line in path.read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
 
 
 backend_test = onnx.backend.test.BackendTest(polyc.onnx.backend, __name__)

@@ -5,7 +5,7 @@
     >>> probs, = model.run({"data": x})
 
 The stages live in their own modules: ``load`` (checker, shape inference), ``graph`` (networkx IR),
-``passes``, ``validate`` (shapes and sizes checked at compile time, naming the node), ``fusion``, ``lower`` / ``ops`` / ``movement`` (group -> TC text), ``memory`` (arena),
+``passes``, ``validate`` (shapes and sizes checked at compile time, naming the node), ``fusion``, ``lower`` / ``ops`` (group -> TC text; one converter module per op family), ``memory`` (arena),
 ``executor`` and ``api``; ``backend`` adapts it to ``onnx.backend.base.Backend``.
 """
 from . import backend

@@ -1,4 +1,4 @@
-"""Per-op converters: ONNX node -> TC statements / lazy values, chosen by opset.
+"""Converters of the core ops: elementwise, Conv/Gemm/MatMul, pooling, normalization, Softmax, reductions.
 
 Each converter is a plain function ``convert(b, node) -> list[Val]`` (one Val per output) using the
 :class:`~polyc.onnx.lower.Builder` ``b``. :data:`CONVERTERS` maps an op to ``(since_version, function)``
@@ -10,185 +10,60 @@ reads either form by looking at ``b.opset``; where the meaning changed (Softmax'
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from .lower import Builder, broadcast_index, lazy, lit, times
+from ..lower import Builder, broadcast_index, lazy, lit, times
+from .common import (aff, attr, fold, guard, lowest, nary, norm_axis, pads_begin, reduce, reduce_op_for,
+                     reduction_dims, spatial_params, unary, window, zero)
 
 # ---- helpers ------------------------------------------------------------------------------------------------
 
-def aff(terms, const: int = 0) -> str:
-    """Affine index text from ``[(var, coef), ...]`` and a constant: ``2*i2+r1-3``."""
-    parts = []
-    for var, coef in terms:
-        if coef == 0 or var == "0":
-            continue
-        t = var if coef == 1 else (times(coef, var) if coef > 0 else f"{coef}*{var}")
-        parts.append(("-" + var if coef == -1 else t) if not parts else ("-" + var if coef == -1 else "+" + t))
-    text = "".join(parts) or "0"
-    if const > 0:
-        text += f"+{const}" if parts else ""
-    elif const < 0:
-        text += f"{const}"
-    return str(const) if not parts else text
-
-
-def _attr(node, name, default=None):
-    v = node["attrs"].get(name, default)
-    return v.decode() if isinstance(v, bytes) else v
-
-
-def _axis(axis: int, rank: int) -> int:
-    return axis + rank if axis < 0 else axis
-
-
-def _zero(dtype) -> str:
-    return lit(0, dtype)
-
-
-def _lowest(dtype) -> str:
-    dtype = np.dtype(dtype)
-    return lit(np.finfo(dtype).min if dtype.kind == "f" else np.iinfo(dtype).min, dtype)
-
-
-def _guard(conds) -> str:
-    return " && ".join(conds)
-
-
-def _window(out_idx, k_idx, stride, dil, pad_begin, extent, out_n, k_n):
-    """(index text, bound conditions) of a sliding-window read ``o*stride + k*dil - pad``."""
-    text = aff([(out_idx, stride), (k_idx, dil)], -pad_begin)
-    lo = -pad_begin
-    hi = (out_n - 1) * stride + (k_n - 1) * dil - pad_begin
-    conds = []
-    if lo < 0:
-        conds.append(f"{text} >= 0")
-    if hi >= extent:
-        conds.append(f"{text} < {extent}")
-    return text, conds
-
-
-def _reduction_dims(extents):
-    """(extents of the real reduction indices, mapper red -> one index text per extent).
-
-    Extents of 1 get the literal ``0`` instead of an index, so a 1x1 convolution reduces over channels only.
-    """
-    real = [e for e in extents if e > 1]
-
-    def names(red):
-        it = iter(red)
-        return [next(it) if e > 1 else "0" for e in extents]
-    return real, names
-
-
-def _reduce_op_for(real, op="+=!"):
-    return op if real else "="
-
-
-def _pads_begin(node, in_sp, out_sp, kernel, strides, dil) -> list:
-    """Leading pads per spatial dim, including auto_pad SAME_UPPER/SAME_LOWER/VALID."""
-    auto = _attr(node, "auto_pad", "NOTSET")
-    n = len(in_sp)
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        out = []
-        for i in range(n):
-            total = max((out_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - in_sp[i], 0)
-            out.append(total // 2 if auto == "SAME_UPPER" else total - total // 2)
-        return out
-    if auto == "VALID":
-        return [0] * n
-    pads = _attr(node, "pads", [0] * 2 * n)
-    return list(pads[:n])
-
-
-def _spatial(b, node, x, w_shape=None):
-    nsp = len(x.shape) - 2
-    kernel = list(_attr(node, "kernel_shape", w_shape[2:] if w_shape is not None else None))
-    strides = list(_attr(node, "strides", [1] * nsp))
-    dil = list(_attr(node, "dilations", [1] * nsp))
-    return nsp, kernel, strides, dil
-
-
-# ---- elementwise ----------------------------------------------------------------------------------------------
-
-def _unary(text_fn, simple=False):
-    def convert(b: Builder, node):
-        x = b.input(node, 0)
-        if simple:
-            x = b.simple(x)
-        dtype = b.out_dtype(node)
-        return [lazy(x.shape, dtype, lambda idx: text_fn(x.at(idx), node, dtype))]
-    return convert
-
-
-relu = _unary(lambda e, n, t: f"max({e}, {_zero(t)})")
-sigmoid = _unary(lambda e, n, t: f"sigmoid({e})")
-tanh = _unary(lambda e, n, t: f"tanh({e})")
-erf = _unary(lambda e, n, t: f"erf({e})")
-exp = _unary(lambda e, n, t: f"exp({e})")
-log = _unary(lambda e, n, t: f"log({e})")
-sqrt = _unary(lambda e, n, t: f"sqrt({e})")
-floor = _unary(lambda e, n, t: f"floor({e})")
-ceil = _unary(lambda e, n, t: f"ceil({e})")
-neg = _unary(lambda e, n, t: f"(-{e})")
-reciprocal = _unary(lambda e, n, t: f"({lit(1.0, t)} / {e})")
-abs_ = _unary(lambda e, n, t: f"fabs({e})" if np.dtype(t).kind == "f" else f"abs({e})")
-leaky_relu = _unary(lambda e, n, t: f"({e} > {_zero(t)} ? {e} : {lit(_attr(n, 'alpha', 0.01), t)} * {e})", True)
+relu = unary(lambda e, n, t: f"max({e}, {zero(t)})")
+sigmoid = unary(lambda e, n, t: f"sigmoid({e})")
+tanh = unary(lambda e, n, t: f"tanh({e})")
+erf = unary(lambda e, n, t: f"erf({e})")
+exp = unary(lambda e, n, t: f"exp({e})")
+log = unary(lambda e, n, t: f"log({e})")
+sqrt = unary(lambda e, n, t: f"sqrt({e})")
+floor = unary(lambda e, n, t: f"floor({e})")
+ceil = unary(lambda e, n, t: f"ceil({e})")
+neg = unary(lambda e, n, t: f"(-{e})")
+reciprocal = unary(lambda e, n, t: f"({lit(1.0, t)} / {e})")
+abs_ = unary(lambda e, n, t: f"fabs({e})" if np.dtype(t).kind == "f" else f"abs({e})")
+leaky_relu = unary(lambda e, n, t: f"({e} > {zero(t)} ? {e} : {lit(attr(n, 'alpha', 0.01), t)} * {e})", True)
 
 
 def _gelu_text(e, node, t):
-    if _attr(node, "approximate", "none") == "tanh":
+    if attr(node, "approximate", "none") == "tanh":
         return (f"{lit(0.5, t)} * {e} * ({lit(1.0, t)} + tanh({lit(np.sqrt(2 / np.pi), t)} * "
                 f"({e} + {lit(0.044715, t)} * {e} * {e} * {e})))")
     return f"{lit(0.5, t)} * {e} * ({lit(1.0, t)} + erf({e} * {lit(1 / np.sqrt(2), t)}))"
 
 
-gelu = _unary(_gelu_text, True)
+gelu = unary(_gelu_text, True)
 
 
 def cast(b: Builder, node):
     """Cast: ``to`` as a TC conversion (``float(e)``, ``int64(e)``; to bool: ``e != 0``)."""
     x = b.input(node, 0)
-    to = np.dtype(helper.tensor_dtype_to_np_dtype(_attr(node, "to")))
-    from .lower import tc_type
+    to = np.dtype(helper.tensor_dtype_to_np_dtype(attr(node, "to")))
+    from ..lower import tc_type
     if to.kind == "b":
-        return [lazy(x.shape, to, lambda idx: f"({x.at(idx)} != {_zero(x.dtype)})")]
+        return [lazy(x.shape, to, lambda idx: f"({x.at(idx)} != {zero(x.dtype)})")]
     return [lazy(x.shape, to, lambda idx: f"{tc_type(to)}({x.at(idx)})")]
-
-
-def _nary(op_fn):
-    def convert(b: Builder, node):
-        shape, dtype = b.out_shape(node), b.out_dtype(node)
-        vals = [b.input(node, k) for k in range(len(node["inputs"]))]
-        vals = [v for v in vals if v is not None]
-
-        def text(idx):
-            terms = [v.at(broadcast_index(v, shape, idx)) for v in vals]
-            return op_fn(terms, dtype, node)
-        return [lazy(shape, dtype, text)]
-    return convert
 
 
 def _pow_text(terms, dtype, node):
     if np.dtype(dtype).kind == "f":
         return f"pow({terms[0]}, {terms[1]})"
-    from .lower import tc_type
+    from ..lower import tc_type
     return f"{tc_type(dtype)}(pow(double({terms[0]}), double({terms[1]})))"
 
 
-def _fold(fn):
-    def text(terms, dtype, node):
-        out = terms[0]
-        for t in terms[1:]:
-            out = fn(out, t)
-        return out
-    return text
-
-
-add = _nary(lambda ts, t, n: "(" + " + ".join(ts) + ")")
-sub = _nary(lambda ts, t, n: f"({ts[0]} - {ts[1]})")
-mul = _nary(lambda ts, t, n: f"({ts[0]} * {ts[1]})")
+add = nary(lambda ts, t, n: "(" + " + ".join(ts) + ")")
+sub = nary(lambda ts, t, n: f"({ts[0]} - {ts[1]})")
+mul = nary(lambda ts, t, n: f"({ts[0]} * {ts[1]})")
 def _div_text(ts, t, n):
     if np.dtype(t).kind == "f":
         return f"({ts[0]} / {ts[1]})"
@@ -199,11 +74,11 @@ def _div_text(ts, t, n):
     return f"((({a} % {c}) != 0 && (({a} < 0 && {c} > 0) || ({a} > 0 && {c} < 0))) ? {a} / {c} + 1 : {a} / {c})"
 
 
-div = _nary(_div_text)
+div = nary(_div_text)
 sum_ = add
-max_ = _nary(_fold(lambda a, c: f"max({a}, {c})"))
-min_ = _nary(_fold(lambda a, c: f"min({a}, {c})"))
-mean = _nary(lambda ts, t, n: f"(({' + '.join(ts)}) / {lit(len(ts), t)})")
+max_ = nary(fold(lambda a, c: f"max({a}, {c})"))
+min_ = nary(fold(lambda a, c: f"min({a}, {c})"))
+mean = nary(lambda ts, t, n: f"(({' + '.join(ts)}) / {lit(len(ts), t)})")
 
 
 def pow_(b: Builder, node):
@@ -218,7 +93,7 @@ def pow_(b: Builder, node):
             return [lazy(shape, dtype, lambda idx: "(" + " * ".join([x.at(idx)] * int(e)) + ")")]
         if e == 0.5 and x.shape == shape:
             return [lazy(shape, dtype, lambda idx: f"sqrt({x.at(idx)})")]
-    return _nary(_pow_text)(b, node)
+    return nary(_pow_text)(b, node)
 
 
 def clip(b: Builder, node):
@@ -226,8 +101,8 @@ def clip(b: Builder, node):
     x = b.input(node, 0)
     dtype = b.out_dtype(node)
     if b.opset < 11:
-        lo = _attr(node, "min", None)
-        hi = _attr(node, "max", None)
+        lo = attr(node, "min", None)
+        hi = attr(node, "max", None)
         lo = None if lo is None else (lambda t=lit(lo, dtype): t)
         hi = None if hi is None else (lambda t=lit(hi, dtype): t)
     else:
@@ -249,7 +124,7 @@ def batchnorm(b: Builder, node):
     """Inference BatchNormalization with tensor parameters (constant ones are folded by the passes)."""
     x = b.input(node, 0)
     scale, bias, mean_, var = (b.input(node, k) for k in range(1, 5))
-    eps = lit(_attr(node, "epsilon", 1e-5), x.dtype)
+    eps = lit(attr(node, "epsilon", 1e-5), x.dtype)
 
     def text(idx):
         c = [idx[1]]
@@ -279,9 +154,9 @@ def conv(b: Builder, node):
     x = b.input(node, 0)
     weights = node["inputs"][1]
     ys = b.out_shape(node)
-    nsp, kernel, strides, dil = _spatial(b, node, x, tuple(b.tensors[weights].shape))
-    pb = _pads_begin(node, x.shape[2:], ys[2:], kernel, strides, dil)
-    group = _attr(node, "group", 1)
+    nsp, kernel, strides, dil = spatial_params(b, node, x, tuple(b.tensors[weights].shape))
+    pb = pads_begin(node, x.shape[2:], ys[2:], kernel, strides, dil)
+    group = attr(node, "group", 1)
     if (group == 1 and nsp >= 1 and ys[-1] < CHANNELS_LAST_MAX_WIDTH and ys[1] >= CHANNELS_LAST_MIN_CHANNELS
             and weights in b.consts):
         wt = b.constant_table(np.ascontiguousarray(np.moveaxis(np.asarray(b.consts[weights]), 0, -1)), "wT")
@@ -289,7 +164,7 @@ def conv(b: Builder, node):
     w, bias = b.input(node, 1), b.input(node, 2)
     cg, og = w.shape[1], w.shape[0] // group
 
-    real, names = _reduction_dims([cg] + kernel)
+    real, names = reduction_dims([cg] + kernel)
 
     def body(idx, red):
         n, o, sp = idx[0], idx[1], idx[2:]
@@ -302,12 +177,12 @@ def conv(b: Builder, node):
             ch = f"{times(cg, f'({o}/{og})')}+{c}" if cg > 1 else f"{o}/{og}"
         coords, conds = [], []
         for i in range(nsp):
-            t, cs = _window(sp[i], ks[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
+            t, cs = window(sp[i], ks[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
             coords.append(t)
             conds += cs
         prod = f"{x.at([n, ch] + coords)} * {w.at([o, c] + ks)}"
-        return f"({_guard(conds)}) ? {prod} : {_zero(x.dtype)}" if conds else prod
-    t = b.emit(ys, x.dtype, body, _reduce_op_for(real), real)
+        return f"({guard(conds)}) ? {prod} : {zero(x.dtype)}" if conds else prod
+    t = b.emit(ys, x.dtype, body, reduce_op_for(real), real)
     if bias is None:
         return [t]
     return [lazy(ys, x.dtype, lambda idx: f"({t.at(idx)} + {bias.at([idx[1]])})")]
@@ -317,19 +192,19 @@ def _conv_channels_last(b: Builder, x, wt, bias, ys, kernel, strides, dil, pb):
     """``T(n, sp.., m) += X(n, c, window..) * WT(c, k.., m)`` and the NCHW view of ``T`` (+ bias)."""
     nsp = len(kernel)
     cl_shape = (ys[0],) + tuple(ys[2:]) + (ys[1],)
-    real, names = _reduction_dims([x.shape[1]] + kernel)
+    real, names = reduction_dims([x.shape[1]] + kernel)
 
     def body(idx, red):
         n, sp, m = idx[0], idx[1:1 + nsp], idx[-1]
         c, *ks = names(red)
         coords, conds = [], []
         for i in range(nsp):
-            t, cs = _window(sp[i], ks[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
+            t, cs = window(sp[i], ks[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
             coords.append(t)
             conds += cs
         prod = f"{x.at([n, c] + coords)} * {wt.at([c] + ks + [m])}"
-        return f"({_guard(conds)}) ? {prod} : {_zero(x.dtype)}" if conds else prod
-    t = b.emit(cl_shape, x.dtype, body, _reduce_op_for(real), real)
+        return f"({guard(conds)}) ? {prod} : {zero(x.dtype)}" if conds else prod
+    t = b.emit(cl_shape, x.dtype, body, reduce_op_for(real), real)
 
     def nchw(idx):
         value = t.at([idx[0]] + list(idx[2:]) + [idx[1]])
@@ -341,12 +216,12 @@ def conv_transpose(b: Builder, node):
     """ConvTranspose as a gather: ``x = (y + pad - k*dil) / stride`` where it divides exactly."""
     x, w, bias = b.input(node, 0), b.input(node, 1), b.input(node, 2)
     ys = b.out_shape(node)
-    nsp, kernel, strides, dil = _spatial(b, node, x, w.shape)
-    group = _attr(node, "group", 1)
+    nsp, kernel, strides, dil = spatial_params(b, node, x, w.shape)
+    group = attr(node, "group", 1)
     cg, og = x.shape[1] // group, w.shape[1]
-    auto = _attr(node, "auto_pad", "NOTSET")
-    out_pad = list(_attr(node, "output_padding", [0] * nsp))
-    if _attr(node, "output_shape", None) is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+    auto = attr(node, "auto_pad", "NOTSET")
+    out_pad = list(attr(node, "output_padding", [0] * nsp))
+    if attr(node, "output_shape", None) is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
         pb = []
         for i in range(nsp):
             total = strides[i] * (x.shape[2 + i] - 1) + out_pad[i] + (kernel[i] - 1) * dil[i] + 1 - ys[2 + i]
@@ -354,7 +229,7 @@ def conv_transpose(b: Builder, node):
     elif auto == "VALID":
         pb = [0] * nsp
     else:
-        pb = list(_attr(node, "pads", [0] * 2 * nsp))[:nsp]
+        pb = list(attr(node, "pads", [0] * 2 * nsp))[:nsp]
 
     def body(idx, red):
         n, o, sp = idx[0], idx[1], idx[2:]
@@ -371,7 +246,7 @@ def conv_transpose(b: Builder, node):
                 conds.append(f"({num}) % {s} == 0")
             conds += [f"{num} >= 0", f"{num} < {x.shape[2 + i] * s - (s - 1)}"]
         prod = f"{x.at([n, ch] + coords)} * {w.at([ch, oc] + ks)}"
-        return f"({_guard(conds)}) ? {prod} : {_zero(x.dtype)}"
+        return f"({guard(conds)}) ? {prod} : {zero(x.dtype)}"
     t = b.emit(ys, x.dtype, body, "+=!", [cg] + kernel)
     if bias is None:
         return [t]
@@ -381,8 +256,8 @@ def conv_transpose(b: Builder, node):
 def gemm(b: Builder, node):
     """Gemm: ``alpha * A' B' + beta * C`` with transA/transB and a broadcast C."""
     a, m, c = b.input(node, 0), b.input(node, 1), b.input(node, 2)
-    ta, tb = _attr(node, "transA", 0), _attr(node, "transB", 0)
-    alpha, beta = _attr(node, "alpha", 1.0), _attr(node, "beta", 1.0)
+    ta, tb = attr(node, "transA", 0), attr(node, "transB", 0)
+    alpha, beta = attr(node, "alpha", 1.0), attr(node, "beta", 1.0)
     ys, dtype = b.out_shape(node), b.out_dtype(node)
     k = a.shape[0] if ta else a.shape[1]
 
@@ -431,10 +306,10 @@ def matmul(b: Builder, node):
 
 def _pool_geometry(b, node, x, ys):
     nsp = len(x.shape) - 2
-    kernel = list(_attr(node, "kernel_shape"))
-    strides = list(_attr(node, "strides", [1] * nsp))
-    dil = list(_attr(node, "dilations", [1] * nsp))
-    pb = _pads_begin(node, x.shape[2:], ys[2:], kernel, strides, dil)
+    kernel = list(attr(node, "kernel_shape"))
+    strides = list(attr(node, "strides", [1] * nsp))
+    dil = list(attr(node, "dilations", [1] * nsp))
+    pb = pads_begin(node, x.shape[2:], ys[2:], kernel, strides, dil)
     return nsp, kernel, strides, dil, pb
 
 
@@ -447,13 +322,13 @@ def max_pool(b: Builder, node):
     def body(idx, red):
         coords, conds = [], []
         for i in range(nsp):
-            t, cs = _window(idx[2 + i], red[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
+            t, cs = window(idx[2 + i], red[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
             coords.append(t)
             conds += cs
         read = x.at(idx[:2] + coords)
-        return f"({_guard(conds)}) ? {read} : {_lowest(x.dtype)}" if conds else read
-    real, names = _reduction_dims(kernel)
-    return [b.emit(ys, x.dtype, lambda idx, red: body(idx, names(red)), _reduce_op_for(real, "max=!"), real)]
+        return f"({guard(conds)}) ? {read} : {lowest(x.dtype)}" if conds else read
+    real, names = reduction_dims(kernel)
+    return [b.emit(ys, x.dtype, lambda idx, red: body(idx, names(red)), reduce_op_for(real, "max=!"), real)]
 
 
 def _window_counts(in_n, out_n, k, s, d, pb, lo, hi):
@@ -492,13 +367,13 @@ def average_pool(b: Builder, node):
     def body(idx, red):
         coords, conds = [], []
         for i in range(nsp):
-            t, cs = _window(idx[2 + i], red[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
+            t, cs = window(idx[2 + i], red[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
             coords.append(t)
             conds += cs
         read = x.at(idx[:2] + coords)
-        return f"({_guard(conds)}) ? {read} : {_zero(x.dtype)}" if conds else read
-    real, names = _reduction_dims(kernel)
-    s = b.emit(ys, x.dtype, lambda idx, red: body(idx, names(red)), _reduce_op_for(real), real)
+        return f"({guard(conds)}) ? {read} : {zero(x.dtype)}" if conds else read
+    real, names = reduction_dims(kernel)
+    s = b.emit(ys, x.dtype, lambda idx, red: body(idx, names(red)), reduce_op_for(real), real)
     if np.all(counts == counts.reshape(-1)[0]):
         div = lit(counts.reshape(-1)[0], x.dtype)
         return [lazy(ys, x.dtype, lambda idx: f"({s.at(idx)} / {div})")]
@@ -526,69 +401,52 @@ global_max_pool = _global_pool("max=!")
 def lrn(b: Builder, node):
     """LRN across channels: ``x / (bias + alpha/size * sum x^2) ^ beta``."""
     x = b.simple(b.input(node, 0))
-    size = _attr(node, "size")
-    alpha, beta, bias = _attr(node, "alpha", 1e-4), _attr(node, "beta", 0.75), _attr(node, "bias", 1.0)
+    size = attr(node, "size")
+    alpha, beta, bias = attr(node, "alpha", 1e-4), attr(node, "beta", 0.75), attr(node, "bias", 1.0)
     before = (size - 1) // 2
     cdim, t = x.shape[1], x.dtype
 
     def body(idx, red):
         ch = aff([(idx[1], 1), (red[0], 1)], -before)
         read = x.at([idx[0], ch] + idx[2:])
-        return f"({ch} >= 0 && {ch} < {cdim}) ? {read} * {read} : {_zero(t)}"
+        return f"({ch} >= 0 && {ch} < {cdim}) ? {read} * {read} : {zero(t)}"
     s = b.emit(x.shape, t, body, "+=!", [size])
     return [lazy(x.shape, t, lambda idx: f"({x.at(idx)} / pow({lit(bias, t)} + {lit(alpha / size, t)} * "
                                          f"{s.at(idx)}, {lit(beta, t)}))")]
 
 
-def _reduce(b: Builder, shape, axes, op, dtype, term):
-    """``T(kept) op term(full_idx)`` over ``axes`` of ``shape``; returns (Val over kept dims, index mapper)."""
-    axes = sorted(axes)
-    kept = [d for d in range(len(shape)) if d not in axes]
-
-    def body(idx, red):
-        full, ki, ri = [], iter(idx), iter(red)
-        for d in range(len(shape)):
-            full.append(next(ri) if d in axes else next(ki))
-        return term(full)
-    v = b.emit(tuple(shape[d] for d in kept), dtype, body, op, [shape[d] for d in axes])
-
-    def row(full_idx):
-        return [full_idx[d] for d in kept]
-    return v, row
-
-
 def _softmax(b: Builder, node, axes, log_=False):
     x = b.simple(b.input(node, 0))
     t = x.dtype
-    mx, row = _reduce(b, x.shape, axes, "max=!", t, lambda idx: x.at(idx))
+    mx, row = reduce(b, x.shape, axes, "max=!", t, lambda idx: x.at(idx))
     if log_:
-        s, _ = _reduce(b, x.shape, axes, "+=!", t, lambda idx: f"exp({x.at(idx)} - {mx.at(row(idx))})")
+        s, _ = reduce(b, x.shape, axes, "+=!", t, lambda idx: f"exp({x.at(idx)} - {mx.at(row(idx))})")
         return [lazy(x.shape, t, lambda idx: f"({x.at(idx)} - {mx.at(row(idx))} - log({s.at(row(idx))}))")]
     e = b.emit(x.shape, t, lambda idx, red: f"exp({x.at(idx)} - {mx.at(row(idx))})")
-    s, _ = _reduce(b, x.shape, axes, "+=!", t, lambda idx: e.at(idx))
+    s, _ = reduce(b, x.shape, axes, "+=!", t, lambda idx: e.at(idx))
     return [lazy(x.shape, t, lambda idx: f"({e.at(idx)} / {s.at(row(idx))})")]
 
 
 def softmax_v1(b: Builder, node):
     """Softmax before opset 13: flatten to 2-D at ``axis`` (default 1); a row is every dim from ``axis`` on."""
     rank = len(b.tensors[node["inputs"][0]].shape)
-    return _softmax(b, node, range(_axis(_attr(node, "axis", 1), rank), rank))
+    return _softmax(b, node, range(norm_axis(attr(node, "axis", 1), rank), rank))
 
 
 def softmax_v13(b: Builder, node):
     """Softmax from opset 13: along the single ``axis`` (default -1)."""
     rank = len(b.tensors[node["inputs"][0]].shape)
-    return _softmax(b, node, [_axis(_attr(node, "axis", -1), rank)])
+    return _softmax(b, node, [norm_axis(attr(node, "axis", -1), rank)])
 
 
 def log_softmax_v1(b: Builder, node):
     rank = len(b.tensors[node["inputs"][0]].shape)
-    return _softmax(b, node, range(_axis(_attr(node, "axis", 1), rank), rank), log_=True)
+    return _softmax(b, node, range(norm_axis(attr(node, "axis", 1), rank), rank), log_=True)
 
 
 def log_softmax_v13(b: Builder, node):
     rank = len(b.tensors[node["inputs"][0]].shape)
-    return _softmax(b, node, [_axis(_attr(node, "axis", -1), rank)], log_=True)
+    return _softmax(b, node, [norm_axis(attr(node, "axis", -1), rank)], log_=True)
 
 
 def layer_normalization(b: Builder, node):
@@ -596,13 +454,13 @@ def layer_normalization(b: Builder, node):
     x = b.simple(b.input(node, 0))
     scale, bias = b.input(node, 1), b.input(node, 2)
     rank, t = len(x.shape), x.dtype
-    axis = _axis(_attr(node, "axis", -1), rank)
+    axis = norm_axis(attr(node, "axis", -1), rank)
     axes = list(range(axis, rank))
     count = lit(int(np.prod(x.shape[axis:])), t)
-    eps = lit(_attr(node, "epsilon", 1e-5), t)
-    s1, row = _reduce(b, x.shape, axes, "+=!", t, lambda idx: x.at(idx))
+    eps = lit(attr(node, "epsilon", 1e-5), t)
+    s1, row = reduce(b, x.shape, axes, "+=!", t, lambda idx: x.at(idx))
     mu = b.emit(s1.shape, t, lambda idx, red: f"({s1.at(idx)} / {count})")
-    s2, _ = _reduce(b, x.shape, axes, "+=!", t,
+    s2, _ = reduce(b, x.shape, axes, "+=!", t,
                     lambda idx: f"({x.at(idx)} - {mu.at(row(idx))}) * ({x.at(idx)} - {mu.at(row(idx))})")
     r = b.emit(s1.shape, t, lambda idx, red: f"(1.0 / sqrt({s2.at(idx)} / {count} + {eps}))")
     norm_shape = x.shape[axis:]
@@ -629,12 +487,12 @@ def _reduce_axes(b: Builder, node, since: int):
         axes = b.const_input(node, 1, "axes")
         axes = None if axes is None else [int(a) for a in axes.reshape(-1)]
     else:
-        axes = _attr(node, "axes", None)
+        axes = attr(node, "axes", None)
     if not axes:
-        if b.opset >= since and _attr(node, "noop_with_empty_axes", 0):
+        if b.opset >= since and attr(node, "noop_with_empty_axes", 0):
             return []
         return list(range(rank))
-    return sorted(_axis(a, rank) for a in axes)
+    return sorted(norm_axis(a, rank) for a in axes)
 
 
 def _reduce_op(op, since):
@@ -644,8 +502,8 @@ def _reduce_op(op, since):
         ys = b.out_shape(node)
         if not axes:
             return [x]
-        keep = _attr(node, "keepdims", 1)
-        v, _ = _reduce(b, x.shape, axes, "max=!" if op == "max" else "+=!", x.dtype, lambda idx: x.at(idx))
+        keep = attr(node, "keepdims", 1)
+        v, _ = reduce(b, x.shape, axes, "max=!" if op == "max" else "+=!", x.dtype, lambda idx: x.at(idx))
         kept = [d for d in range(len(x.shape)) if d not in axes]
 
         def kept_idx(idx):
@@ -660,11 +518,6 @@ def _reduce_op(op, since):
 reduce_sum = _reduce_op("sum", 13)
 reduce_mean = _reduce_op("mean", 18)
 reduce_max = _reduce_op("max", 18)
-
-
-# ---- the converter table and the supported-feature check -------------------------------------------------------
-
-from . import movement  # noqa: E402  (data-movement converters)
 
 
 def _folded(b: Builder, node):
@@ -686,31 +539,9 @@ CONVERTERS = {
     "Softmax": ((1, softmax_v1), (13, softmax_v13)), "LogSoftmax": ((1, log_softmax_v1), (13, log_softmax_v13)),
     "LayerNormalization": ((17, layer_normalization),),
     "ReduceSum": ((1, reduce_sum),), "ReduceMean": ((1, reduce_mean),), "ReduceMax": ((1, reduce_max),),
-    "Concat": ((1, movement.concat),), "Split": ((1, movement.split),), "Slice": ((1, movement.slice_),),
-    "Transpose": ((1, movement.transpose),), "Pad": ((1, movement.pad),), "Gather": ((1, movement.gather),),
-    "Resize": ((10, movement.resize),), "Upsample": ((7, movement.resize),),
     "Constant": ((1, _folded),), "ConstantOfShape": ((9, _folded),), "Shape": ((1, _folded),),
     "Size": ((1, _folded),),
 }
-
-
-def converter(op: str, opset: int):
-    """The converter of ``op`` for ``opset`` (the newest with ``since <= opset``), or None if unsupported."""
-    best = None
-    for since, fn in CONVERTERS.get(op, ()):
-        if since <= opset:
-            best = fn
-    if best is None:
-        return None
-    # an op removed from the standard at some opset (Upsample at 10) is unsupported after it
-    try:
-        schema = onnx.defs.get_schema(op, opset)
-        if schema.deprecated:
-            return None
-    except Exception:
-        return None
-    return best
-
 
 _SPATIAL = {"auto_pad", "dilations", "kernel_shape", "pads", "strides"}
 
@@ -722,62 +553,19 @@ KNOWN_ATTRS = {
     "BatchNormalization": {"epsilon", "momentum", "spatial", "training_mode"}, "LRN": {"alpha", "beta", "bias", "size"},
     "MaxPool": _SPATIAL | {"ceil_mode", "storage_order"}, "AveragePool": _SPATIAL | {"ceil_mode", "count_include_pad"},
     "Softmax": {"axis"}, "LogSoftmax": {"axis"}, "LayerNormalization": {"axis", "epsilon", "stash_type"},
-    "Concat": {"axis"}, "Split": {"axis", "split", "num_outputs"}, "Slice": {"starts", "ends", "axes"},
-    "Transpose": {"perm"}, "Reshape": {"allowzero"}, "Flatten": {"axis"}, "Squeeze": {"axes"},
-    "Unsqueeze": {"axes"}, "Gather": {"axis"}, "Pad": {"mode", "pads", "value"},
     "ReduceSum": {"axes", "keepdims", "noop_with_empty_axes"}, "ReduceMean": {"axes", "keepdims", "noop_with_empty_axes"},
-    "ReduceMax": {"axes", "keepdims", "noop_with_empty_axes"},
-    "Resize": {"antialias", "axes", "coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
-               "extrapolation_value", "keep_aspect_ratio_policy", "mode", "nearest_mode"},
-    "Upsample": {"mode", "scales"}, "Dropout": {"ratio", "seed"}, "Shape": {"start", "end"},
+    "ReduceMax": {"axes", "keepdims", "noop_with_empty_axes"}, "Shape": {"start", "end"},
     "Constant": {"value", "value_float", "value_floats", "value_int", "value_ints"}, "ConstantOfShape": {"value"},
 }
 
 #: Attribute values polyc does not handle: op -> {attr: predicate(value) -> True when supported}.
 SUPPORTED_VALUES = {
-    "Pad": {"mode": lambda v: v in (b"constant", "constant")},
-    "Resize": {"mode": lambda v: v in (b"nearest", b"linear", "nearest", "linear"),
-               "antialias": lambda v: v == 0,
-               "coordinate_transformation_mode": lambda v: v not in (b"tf_crop_and_resize", "tf_crop_and_resize")},
-    "Upsample": {"mode": lambda v: v in (b"nearest", b"linear", "nearest", "linear")},
     "BatchNormalization": {"training_mode": lambda v: v == 0, "spatial": lambda v: v == 1},
+    "LayerNormalization": {"stash_type": lambda v: v == 1},
 }
 
 #: Inputs that must be compile-time constants: op -> ((index, since_opset, name), ...).
 CONSTANT_INPUTS = {
-    "Reshape": ((1, 5, "shape"),), "Squeeze": ((1, 13, "axes"),), "Unsqueeze": ((1, 13, "axes"),),
-    "Split": ((1, 13, "split"),), "Slice": ((1, 10, "starts"), (2, 10, "ends"), (3, 10, "axes"), (4, 10, "steps")),
-    "Pad": ((1, 11, "pads"), (3, 18, "axes")), "ReduceSum": ((1, 13, "axes"),), "ReduceMean": ((1, 18, "axes"),),
-    "ReduceMax": ((1, 18, "axes"),), "Resize": ((1, 10, "scales/roi"), (2, 11, "scales"), (3, 11, "sizes")),
-    "Upsample": ((1, 9, "scales"),), "ConstantOfShape": ((0, 9, "input"),),
+    "ReduceSum": ((1, 13, "axes"),), "ReduceMean": ((1, 18, "axes"),), "ReduceMax": ((1, 18, "axes"),),
+    "ConstantOfShape": ((0, 9, "input"),),
 }
-
-
-def _show(v) -> str:
-    if isinstance(v, bytes):
-        return v.decode(errors="replace")
-    if isinstance(v, np.ndarray):
-        return f"tensor{list(v.shape)}"
-    return str(v)
-
-
-def check_node(g, nid: str, d: dict) -> list:
-    """Every reason node ``nid`` cannot be compiled (empty list when it can)."""
-    op, opset = d["op"], g.graph["opset"]
-    problems = []
-    known = KNOWN_ATTRS.get(op, set())
-    for name, value in d["attrs"].items():
-        if name not in known:
-            problems.append(f"unsupported attribute {name}={_show(value)} on node {nid} ({op})")
-        elif name in SUPPORTED_VALUES.get(op, {}) and not SUPPORTED_VALUES[op][name](value):
-            problems.append(f"unsupported attribute {name}={_show(value)} on node {nid} ({op})")
-    for index, since, name in CONSTANT_INPUTS.get(op, ()):
-        if opset >= since and index < len(d["inputs"]) and d["inputs"][index] \
-                and d["inputs"][index] not in g.graph["constants"]:
-            problems.append(f"input {name} ({d['inputs'][index]!r}) of node {nid} ({op}) must be a compile-time "
-                            "constant")
-    if op == "MaxPool" and len(d["outputs"]) > 1 and d["outputs"][1]:
-        problems.append(f"unsupported output Indices of node {nid} (MaxPool)")
-    if op == "LayerNormalization" and d["attrs"].get("stash_type", 1) != 1:
-        problems.append(f"unsupported attribute stash_type={d['attrs']['stash_type']} on node {nid} ({op})")
-    return problems

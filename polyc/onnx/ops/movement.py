@@ -11,16 +11,8 @@ import numpy as np
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from .lower import Builder, lazy, lit, times
-
-
-def _attr(node, name, default=None):
-    v = node["attrs"].get(name, default)
-    return v.decode() if isinstance(v, bytes) else v
-
-
-def _axis(axis: int, rank: int) -> int:
-    return axis + rank if axis < 0 else axis
+from ..lower import Builder, lazy, lit, times
+from .common import attr, norm_axis
 
 
 def _shift(i: str, off: int) -> str:
@@ -30,7 +22,7 @@ def _shift(i: str, off: int) -> str:
 def concat(b: Builder, node):
     """Concat: the joined axis picks its input with a chain of ``?:``."""
     ys, dtype = b.out_shape(node), b.out_dtype(node)
-    axis = _axis(_attr(node, "axis", 0 if b.opset < 4 else None), len(ys))
+    axis = norm_axis(attr(node, "axis", 0 if b.opset < 4 else None), len(ys))
     parts, off = [], 0
     for k in range(len(node["inputs"])):
         v = b.input(node, k)
@@ -55,7 +47,7 @@ def concat(b: Builder, node):
 def split(b: Builder, node):
     """Split: sizes from the attribute (< 13), the input (>= 13) or ``num_outputs`` (>= 18)."""
     x = b.input(node, 0)
-    axis = _axis(_attr(node, "axis", 0), len(x.shape))
+    axis = norm_axis(attr(node, "axis", 0), len(x.shape))
     outs, off = [], 0
     for k, name in enumerate(node["outputs"]):
         shape = b.out_shape(node, k) if name else None
@@ -75,15 +67,15 @@ def split(b: Builder, node):
 def _slice_params(b: Builder, node):
     rank = len(b.tensors[node["inputs"][0]].shape)
     if b.opset < 10:
-        starts, ends = _attr(node, "starts"), _attr(node, "ends")
-        axes, steps = _attr(node, "axes", None), None
+        starts, ends = attr(node, "starts"), attr(node, "ends")
+        axes, steps = attr(node, "axes", None), None
     else:
         starts = [int(v) for v in b.const_input(node, 1, "starts").reshape(-1)]
         ends = [int(v) for v in b.const_input(node, 2, "ends").reshape(-1)]
         a, s = b.const_input(node, 3, "axes"), b.const_input(node, 4, "steps")
         axes = None if a is None else [int(v) for v in a.reshape(-1)]
         steps = None if s is None else [int(v) for v in s.reshape(-1)]
-    axes = list(range(len(starts))) if axes is None else [_axis(a, rank) for a in axes]
+    axes = list(range(len(starts))) if axes is None else [norm_axis(a, rank) for a in axes]
     steps = [1] * len(starts) if steps is None else steps
     return starts, ends, axes, steps
 
@@ -116,7 +108,7 @@ def transpose(b: Builder, node):
     """Transpose by ``perm`` (default: reversed dims)."""
     x = b.input(node, 0)
     rank = len(x.shape)
-    perm = list(_attr(node, "perm", list(range(rank - 1, -1, -1))))
+    perm = list(attr(node, "perm", list(range(rank - 1, -1, -1))))
     ys = b.out_shape(node)
 
     def text(idx):
@@ -132,15 +124,15 @@ def pad(b: Builder, node):
     x = b.input(node, 0)
     ys, rank = b.out_shape(node), len(x.shape)
     if b.opset < 11:
-        pads = list(_attr(node, "pads"))
-        value = (lambda t=lit(_attr(node, "value", 0.0), x.dtype): t)
+        pads = list(attr(node, "pads"))
+        value = (lambda t=lit(attr(node, "value", 0.0), x.dtype): t)
     else:
         pads = [int(v) for v in b.const_input(node, 1, "pads").reshape(-1)]
         cv = b.input(node, 2)
         value = (lambda t=lit(0, x.dtype): t) if cv is None else (lambda v=cv: v.at([]))
         axes = b.const_input(node, 3, "axes") if b.opset >= 18 else None
         if axes is not None:
-            axes = [_axis(int(a), rank) for a in axes.reshape(-1)]
+            axes = [norm_axis(int(a), rank) for a in axes.reshape(-1)]
             full = [0] * 2 * rank
             for k, a in enumerate(axes):
                 full[a], full[rank + a] = pads[k], pads[len(axes) + k]
@@ -165,7 +157,7 @@ def gather(b: Builder, node):
     """Gather along ``axis``; constant indices are normalised at compile time."""
     x = b.input(node, 0)
     rank = len(x.shape)
-    axis = _axis(_attr(node, "axis", 0), rank)
+    axis = norm_axis(attr(node, "axis", 0), rank)
     ys = b.out_shape(node)
     name = node["inputs"][1]
     extent = x.shape[axis]
@@ -202,7 +194,7 @@ def _resize_coords(b: Builder, node, x_shape, ys, attrs: dict) -> list:
     """
     rank = len(x_shape)
     if node["op"] == "Upsample" or b.opset < 11:
-        scales = _attr(node, "scales", None) if node["op"] == "Upsample" and b.opset < 9 else \
+        scales = attr(node, "scales", None) if node["op"] == "Upsample" and b.opset < 9 else \
             b.const_input(node, 1, "scales")
         feeds = {"roi": np.array([], np.float64), "scales": np.asarray(scales, np.float32).reshape(-1)}
         names = ["x", "roi", "scales"]
@@ -219,9 +211,9 @@ def _resize_coords(b: Builder, node, x_shape, ys, attrs: dict) -> list:
         opset = max(b.opset, 13)
         for key in ("axes", "keep_aspect_ratio_policy", "extrapolation_value"):
             if key in node["attrs"]:
-                attrs[key] = _attr(node, key)
+                attrs[key] = attr(node, key)
     # dims whose scale is exactly 1 are left alone by every mode: run the reference with extent 1 there
-    axes = [_axis(a, rank) for a in attrs.get("axes", range(rank))]
+    axes = [norm_axis(a, rank) for a in attrs.get("axes", range(rank))]
     keep = [False] * rank
     if "scales" in feeds and np.size(feeds["scales"]):
         for a, sc in zip(axes, np.asarray(feeds["scales"]).reshape(-1)):
@@ -260,14 +252,14 @@ def resize(b: Builder, node):
     """Resize (opset 10+) and Upsample: nearest and (n-)linear through compile-time tables."""
     x = b.input(node, 0)
     ys = b.out_shape(node)
-    mode = _attr(node, "mode", "nearest")
+    mode = attr(node, "mode", "nearest")
     attrs = {"mode": mode}
     if node["op"] == "Upsample" or b.opset < 11:
         attrs.update(coordinate_transformation_mode="asymmetric", nearest_mode="floor")
     else:
         for key in ("coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside"):
             if key in node["attrs"]:
-                attrs[key] = _attr(node, key)
+                attrs[key] = attr(node, key)
     coords = _resize_coords(b, node, x.shape, ys, attrs)
     if mode == "nearest":
         tables = [None if c is None else b.constant_table(np.rint(c).astype(np.int32), f"near{d}")
@@ -303,3 +295,36 @@ def resize(b: Builder, node):
             terms.append(" * ".join(weights + [x.at(j)]))
         return "(" + " + ".join(terms) + ")"
     return [lazy(ys, x.dtype, text)]
+
+
+#: op -> ((since_version, converter), ...), oldest first (see :data:`polyc.onnx.ops.CONVERTERS`).
+CONVERTERS = {
+    "Concat": ((1, concat),), "Split": ((1, split),), "Slice": ((1, slice_),),
+    "Transpose": ((1, transpose),), "Pad": ((1, pad),), "Gather": ((1, gather),),
+    "Resize": ((10, resize),), "Upsample": ((7, resize),),
+}
+
+#: Attributes of the movement ops and of the alias ops the passes remove (Reshape, Flatten, ...).
+KNOWN_ATTRS = {
+    "Concat": {"axis"}, "Split": {"axis", "split", "num_outputs"}, "Slice": {"starts", "ends", "axes"},
+    "Transpose": {"perm"}, "Reshape": {"allowzero"}, "Flatten": {"axis"}, "Squeeze": {"axes"},
+    "Unsqueeze": {"axes"}, "Gather": {"axis"}, "Pad": {"mode", "pads", "value"},
+    "Resize": {"antialias", "axes", "coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
+               "extrapolation_value", "keep_aspect_ratio_policy", "mode", "nearest_mode"},
+    "Upsample": {"mode", "scales"}, "Dropout": {"ratio", "seed"},
+}
+
+SUPPORTED_VALUES = {
+    "Pad": {"mode": lambda v: v in (b"constant", "constant")},
+    "Resize": {"mode": lambda v: v in (b"nearest", b"linear", "nearest", "linear"),
+               "antialias": lambda v: v == 0,
+               "coordinate_transformation_mode": lambda v: v not in (b"tf_crop_and_resize", "tf_crop_and_resize")},
+    "Upsample": {"mode": lambda v: v in (b"nearest", b"linear", "nearest", "linear")},
+}
+
+CONSTANT_INPUTS = {
+    "Reshape": ((1, 5, "shape"),), "Squeeze": ((1, 13, "axes"),), "Unsqueeze": ((1, 13, "axes"),),
+    "Split": ((1, 13, "split"),), "Slice": ((1, 10, "starts"), (2, 10, "ends"), (3, 10, "axes"), (4, 10, "steps")),
+    "Pad": ((1, 11, "pads"), (3, 18, "axes")), "Resize": ((1, 10, "scales/roi"), (2, 11, "scales"), (3, 11, "sizes")),
+    "Upsample": ((1, 9, "scales"),),
+}
