@@ -120,6 +120,7 @@ class Builder:
         self.stmts: list[_Stmt] = []
         self.values: dict = {}
         self.temps = 0
+        self.temp_dtypes: dict = {}  # temporary name -> dtype (an output only takes over one of its own dtype)
         self.node_id = ""
         self.node_op = ""
 
@@ -199,6 +200,7 @@ class Builder:
         ranges = [f"{i} in 0:{n}" for i, n in zip(idx, tc_shape)] + [f"{r} in 0:{n}" for r, n in zip(red, reductions)]
         text = f"{name}({', '.join(idx)}) {op} {rhs}\n        where {', '.join(ranges)}"
         self.stmts.append(_Stmt(name, text))
+        self.temp_dtypes.setdefault(name, np.dtype(dtype))
         v = self.tensor_val(name, tc_shape, dtype)
         if not shape:  # a 0-d value stored with shape (1,)
             v = Val((), np.dtype(dtype), lambda _idx, t=name: f"{t}(0)", name)
@@ -245,7 +247,8 @@ def _rename(stmts: list, old: str, new: str) -> None:
 
 def _finish_output(b: Builder, v: Val, name: str) -> None:
     """Write group output ``v`` as tensor ``name``, in place over a temporary when that is possible."""
-    if v.tensor is not None and v.tensor.startswith("T") and not any(s.lhs == name for s in b.stmts):
+    if v.tensor is not None and v.tensor.startswith("T") and not any(s.lhs == name for s in b.stmts) \
+            and b.temp_dtypes.get(v.tensor, v.dtype) == v.dtype:
         _rename(b.stmts, v.tensor, name)
         return
     b.materialize(v, name=name)
@@ -258,7 +261,8 @@ def _finish_output(b: Builder, v: Val, name: str) -> None:
             continue
         elsewhere = any(re.search(rf"\b{temp}\b", s.text) and s.lhs != temp for s in b.stmts[:-1])
         written_shape = next((s for s in b.stmts if s.lhs == temp), None)
-        if elsewhere or written_shape is None or not _same_ranges(written_shape.text, last.text, len(shape)):
+        if elsewhere or written_shape is None or not _same_ranges(written_shape.text, last.text, len(shape)) \
+                or b.temp_dtypes.get(temp) != np.dtype(v.dtype):
             continue
         _rename(b.stmts, temp, name)
         return

@@ -1,0 +1,475 @@
+"""Converters for indexing ops: GatherElements, GatherND, ScatterElements/ScatterND, OneHot, ArgMax/ArgMin,
+Hardmax, TopK, CumSum/CumProd, Range, Tile, Trilu, EyeLike, DepthToSpace/SpaceToDepth, Einsum.
+
+A read with a data-dependent index (``X(I(i))``) is checked at run time by the generated code (an index out
+of range makes the call fail with :class:`~polyc.errors.KernelRuntimeError`); negative indices are wrapped
+first (``I < 0 ? I + n : I``) wherever the ONNX spec says they count from the end. A scatter cannot write
+through an index (the left-hand side of a TC statement is a plain index list), so it is lowered as a gather:
+each output element looks for the updates aimed at it (``max=!`` over the update positions whose index
+equals its own), then reads that update or keeps the data.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper
+
+from ..lower import Builder, lazy, lit, tc_type
+from .common import attr, norm_axis, zero
+
+
+def _wrap(i: str, extent: int) -> str:
+    """Index text of a data-dependent index ``i`` that counts from the end when negative."""
+    return f"({i} < 0 ? {i} + {extent} : {i})"
+
+
+def _int64(text: str) -> str:
+    return f"int64({text})"
+
+
+def _const_int(b: Builder, node, k: int, what: str):
+    v = b.const_input(node, k, what)
+    return None if v is None else int(np.asarray(v).reshape(-1)[0])
+
+
+# ---- gathers ----------------------------------------------------------------------------------------------------
+
+def gather_elements(b: Builder, node):
+    """GatherElements (opset 11+): ``Y[i] = X[i with i[axis] = I[i]]``, output of the indices' shape.
+
+    Constant indices are wrapped at compile time and read from a table; data-dependent ones are wrapped in
+    the kernel and range-checked at run time (ONNX spec, GatherElements).
+    """
+    x = b.input(node, 0)
+    rank = len(x.shape)
+    axis = norm_axis(attr(node, "axis", 0), rank)
+    ys = b.out_shape(node)
+    n = x.shape[axis]
+    name = node["inputs"][1]
+    if name in b.consts:
+        ind = np.asarray(b.consts[name]).astype(np.int64)
+        if ind.size and (ind.min() < -n or ind.max() >= n):
+            raise b.error(f"index {int(ind[(ind < -n) | (ind >= n)][0])} is out of range for axis {axis} "
+                          f"of extent {n}")
+        iv = b.constant_table(np.where(ind < 0, ind + n, ind), "indices")
+        return [lazy(ys, x.dtype, lambda idx: x.at(idx[:axis] + [iv.at(idx)] + idx[axis + 1:]))]
+    iv = b.input(node, 1)
+    return [lazy(ys, x.dtype, lambda idx: x.at(idx[:axis] + [_wrap(iv.at(idx), n)] + idx[axis + 1:]))]
+
+
+def gather_nd(b: Builder, node):
+    """GatherND (opset 11+, ``batch_dims`` from 12): the last dim of the indices addresses data dims
+    ``batch_dims ..``; negative indices count from the end; reads are range-checked at run time."""
+    x, iv = b.input(node, 0), b.input(node, 1)
+    nb = attr(node, "batch_dims", 0)
+    q = len(iv.shape)
+    m = iv.shape[-1]
+    ys = b.out_shape(node)
+
+    def text(idx):
+        rows = idx[:q - 1]
+        coords = [_wrap(iv.at(rows + [str(k)]), x.shape[nb + k]) for k in range(m)]
+        return x.at(idx[:nb] + coords + idx[q - 1:])
+    return [lazy(ys, x.dtype, text)]
+
+
+# ---- scatters ---------------------------------------------------------------------------------------------------
+
+_NEUTRAL = {"add": ("+=!", "0"), "mul": ("*=!", "1"), "max": ("max=!", "lowest"), "min": ("min=!", "highest")}
+
+
+def _neutral(kind: str, dtype) -> str:
+    dtype = np.dtype(dtype)
+    if kind == "lowest":
+        return lit(np.finfo(dtype).min if dtype.kind == "f" else np.iinfo(dtype).min, dtype)
+    if kind == "highest":
+        return lit(np.finfo(dtype).max if dtype.kind == "f" else np.iinfo(dtype).max, dtype)
+    return lit(int(kind), dtype)
+
+
+def _combine(reduction: str, data: str, acc: str) -> str:
+    if reduction == "add":
+        return f"({data} + {acc})"
+    if reduction == "mul":
+        return f"({data} * {acc})"
+    return f"{reduction}({data}, {acc})"
+
+
+def _check_targets(b: Builder, x, shape, target):
+    """A statement reading ``x`` at every scatter target: an index out of range fails the call (the reads
+    are range-checked at run time), as the ONNX spec requires of scatter indices. polyc keeps every statement
+    of a def, so the unread result still runs."""
+    b.emit(shape, x.dtype, lambda idx, red: x.at(target(idx)))
+
+
+def scatter_elements(b: Builder, node):
+    """ScatterElements (and the deprecated Scatter): ``Y = X`` with ``Y[i with i[axis] = I[i]] (op)= U[i]``.
+
+    Lowered as a gather: output element ``o`` reduces over the update positions ``r`` along ``axis`` whose
+    wrapped index equals ``o[axis]`` (and whose other coordinates are ``o``'s). With reduction ``none`` the
+    last such update wins (a repeated index is undefined in the spec; this picks the last), else the updates
+    are combined by add / mul / max / min and applied to the data (ONNX spec, ScatterElements, opset 16+).
+    """
+    x, iv, up = b.input(node, 0), b.input(node, 1), b.input(node, 2)
+    rank = len(x.shape)
+    axis = norm_axis(attr(node, "axis", 0), rank)
+    reduction = attr(node, "reduction", "none")
+    n, us = x.shape[axis], iv.shape
+    ys, dtype = x.shape, x.dtype
+    _check_targets(b, x, us, lambda idx: idx[:axis] + [_wrap(iv.at(idx), n)] + idx[axis + 1:])
+
+    def cond(idx, r, then, other):
+        """``then`` where update ``r`` along the axis aims at output ``idx``, else ``other``; the coordinates
+        outside the updates' shape are tested in an outer select, so the index read stays in bounds."""
+        at = idx[:axis] + [r] + idx[axis + 1:]
+        inside = [f"{idx[d]} < {us[d]}" for d in range(rank) if d != axis and us[d] < ys[d]]
+        e = f"({_wrap(iv.at(at), n)} == {idx[axis]}) ? {then(at)} : {other}"
+        return f"({' && '.join(inside)}) ? ({e}) : {other}" if inside else e
+
+    if reduction == "none":
+        def last(idx, red):
+            return cond(idx, red[0], lambda at: _int64(red[0]), lit(-1, np.int64))
+        w = b.emit(ys, np.int64, last, "max=!", [us[axis]])
+
+        def pick(idx):
+            at = idx[:axis] + [w.at(idx)] + idx[axis + 1:]
+            return f"({w.at(idx)} >= 0 ? {up.at(at)} : {x.at(idx)})"
+        out = pick
+    else:
+        op, neutral = _NEUTRAL[reduction]
+
+        def acc_body(idx, red):
+            return cond(idx, red[0], up.at, _neutral(neutral, dtype))
+        acc = b.emit(ys, dtype, acc_body, op, [us[axis]])
+        out = lambda idx: _combine(reduction, x.at(idx), acc.at(idx))  # noqa: E731
+    return [lazy(ys, dtype, out)]
+
+
+def scatter_nd(b: Builder, node):
+    """ScatterND (opset 11+, ``reduction`` from 16): ``Y = X``; ``Y[I[u]] (op)= U[u]`` for every update row
+    ``u`` (``I[u]`` addresses the first ``m`` dims of the data).
+
+    Lowered as a gather over the update rows aimed at each output element: reduction ``none`` takes the
+    last such row in row-major order (repeated indices are undefined in the spec), the others combine them
+    with the data (ONNX spec, ScatterND).
+    """
+    x, iv, up = b.input(node, 0), b.input(node, 1), b.input(node, 2)
+    reduction = attr(node, "reduction", "none")
+    q, m = len(iv.shape), iv.shape[-1]
+    rows = list(iv.shape[:-1])
+    nr = len(rows)  # no rows (indices of shape (m,)): one update, reduced over a dummy index of extent 1
+    ys, dtype = x.shape, x.dtype
+
+    def target(u, k):
+        return _wrap(iv.at(list(u) + [str(k)]), x.shape[k])
+    _check_targets(b, x, tuple(rows) + (1,) if not rows else tuple(rows),
+                           lambda idx: [target(idx[:q - 1], k) for k in range(m)] + ["0"] * (len(ys) - m))
+
+    def cond(idx, red):
+        return " && ".join(f"{target(red[:nr], k)} == {idx[k]}" for k in range(m))
+
+    if reduction == "none":
+        strides = [int(np.prod(rows[k + 1:])) for k in range(len(rows))]
+
+        def last(idx, red):
+            lin = " + ".join(f"{s} * {_int64(r)}" if s != 1 else _int64(r) for r, s in zip(red[:nr], strides)) or "0"
+            return f"({cond(idx, red)}) ? {lin} : {lit(-1, np.int64)}"
+        w = b.emit(ys, np.int64, last, "max=!", rows or [1])
+
+        def pick(idx):
+            wi = w.at(idx)
+            u = [f"({wi} / {s}) % {n}" if s != 1 else f"{wi} % {n}" for s, n in zip(strides, rows)]
+            return f"({wi} >= 0 ? {up.at(u + idx[m:])} : {x.at(idx)})"
+        out = pick
+    else:
+        op, neutral = _NEUTRAL[reduction]
+        acc = b.emit(ys, dtype, lambda idx, red: f"({cond(idx, red)}) ? {up.at(list(red[:nr]) + idx[m:])} : "
+                                                 f"{_neutral(neutral, dtype)}", op, rows or [1])
+        out = lambda idx: _combine(reduction, x.at(idx), acc.at(idx))  # noqa: E731
+    return [lazy(ys, dtype, out)]
+
+
+# ---- one-hot, arg-reductions, hardmax, top-k ------------------------------------------------------------------
+
+def one_hot(b: Builder, node):
+    """OneHot (opset 9+): ``depth`` a compile-time constant; ``values = [off, on]``; an index in
+    ``[-depth, depth)`` (negative from the end) selects ``on``, any other index gives a row of ``off``."""
+    iv, vals = b.input(node, 0), b.input(node, 2)
+    depth = int(np.asarray(b.const_input(node, 1, "depth")).reshape(-1)[0])
+    ys, dtype = b.out_shape(node), b.out_dtype(node)
+    axis = norm_axis(attr(node, "axis", -1), len(ys))
+
+    def text(idx):
+        i = iv.at(idx[:axis] + idx[axis + 1:])
+        if np.dtype(iv.dtype) != np.int64:
+            i = _int64(i)
+        return f"({_wrap(i, depth)} == {idx[axis]} ? {vals.at(['1'])} : {vals.at(['0'])})"
+    return [lazy(ys, dtype, text)]
+
+
+def _arg_reduce(b: Builder, x, axes, largest: bool, last: bool):
+    """(max or min over ``axes``, the first/last row-major flat position in ``axes`` reaching it), each a Val
+    over the kept dims, and the mapper full index -> kept index."""
+    from .common import reduce
+    m, row = reduce(b, x.shape, axes, "max=!" if largest else "min=!", x.dtype, lambda idx: x.at(idx))
+    ext = [x.shape[a] for a in axes]
+    strides = [int(np.prod(ext[k + 1:])) for k in range(len(ext))]
+    total = int(np.prod(ext))
+
+    def flat(full):
+        return " + ".join(_int64(full[a]) if s == 1 else f"{s} * {_int64(full[a])}"
+                          for a, s in zip(axes, strides)) or "0"
+    miss = lit(-1 if last else total, np.int64)
+    pos, _ = reduce(b, x.shape, axes, "max=!" if last else "min=!", np.int64,
+                    lambda idx: f"({x.at(idx)} == {m.at(row(idx))}) ? {flat(idx)} : {miss}")
+    return m, pos, row, flat
+
+
+def arg_max_min(largest: bool):
+    def convert(b: Builder, node):
+        """ArgMax / ArgMin: a max (min) reduction, then the first (``select_last_index``: last) index
+        reaching it (``min=!`` / ``max=!`` over guarded indices); int64, ``keepdims`` (ONNX spec)."""
+        x = b.simple(b.input(node, 0))
+        rank = len(x.shape)
+        axis = norm_axis(attr(node, "axis", 0), rank)
+        keep = attr(node, "keepdims", 1)
+        _, pos, _, _ = _arg_reduce(b, x, [axis], largest, bool(attr(node, "select_last_index", 0)))
+        ys = b.out_shape(node)
+        return [lazy(ys, np.int64, lambda idx: pos.at(idx[:axis] + idx[axis + 1:] if keep else idx), cheap=True)]
+    return convert
+
+
+def _hardmax(b: Builder, node, axes):
+    x = b.simple(b.input(node, 0))
+    _, pos, row, flat = _arg_reduce(b, x, list(axes), True, False)
+    one, nil = lit(1, x.dtype), zero(x.dtype)
+    return [lazy(x.shape, x.dtype, lambda idx: f"({flat(idx)} == {pos.at(row(idx))} ? {one} : {nil})")]
+
+
+def hardmax_v1(b: Builder, node):
+    """Hardmax before opset 13: 1 at the first maximum of the 2-D flattening at ``axis`` (default 1)."""
+    rank = len(b.tensors[node["inputs"][0]].shape)
+    return _hardmax(b, node, range(norm_axis(attr(node, "axis", 1), rank), rank))
+
+
+def hardmax_v13(b: Builder, node):
+    """Hardmax from opset 13: 1 at the first maximum along ``axis`` (default -1), 0 elsewhere."""
+    rank = len(b.tensors[node["inputs"][0]].shape)
+    return _hardmax(b, node, [norm_axis(attr(node, "axis", -1), rank)])
+
+
+def top_k(b: Builder, node):
+    """TopK with a constant ``k``: each element's rank in its row is the number of elements before it in
+    the sorted order (larger, or equal at a smaller index — ONNX's tie rule; ``largest=0``: smaller), then
+    output position ``p`` takes the element of rank ``p``. Values and int64 indices, always sorted."""
+    x = b.simple(b.input(node, 0))
+    rank = len(x.shape)
+    axis = norm_axis(attr(node, "axis", -1), rank)
+    k = attr(node, "k") if b.opset < 10 else _const_int(b, node, 1, "K")
+    largest = attr(node, "largest", 1)
+    n = x.shape[axis]
+    cmp = ">" if largest else "<"
+
+    def before(idx, red):
+        j = idx[:axis] + [red[0]] + idx[axis + 1:]
+        a, c = x.at(j), x.at(idx)
+        return f"({a} {cmp} {c} || ({a} == {c} && {red[0]} < {idx[axis]})) ? {lit(1, np.int64)} : {lit(0, np.int64)}"
+    ranks = b.emit(x.shape, np.int64, before, "+=!", [n])
+    ys = b.out_shape(node)
+
+    def pick(idx, red):
+        j = idx[:axis] + [red[0]] + idx[axis + 1:]
+        return f"({ranks.at(j)} == {_int64(idx[axis])}) ? {_int64(red[0])} : {lit(-1, np.int64)}"
+    pos = b.emit(ys, np.int64, pick, "max=!", [n])
+    values = lazy(ys, x.dtype, lambda idx: x.at(idx[:axis] + [pos.at(idx)] + idx[axis + 1:]))
+    return [values, pos]
+
+
+# ---- scans ------------------------------------------------------------------------------------------------------
+
+def _cumulative(op: str, neutral: int):
+    def convert(b: Builder, node):
+        """CumSum / CumProd along a constant ``axis`` input, ``exclusive`` and ``reverse`` (ONNX spec):
+        ``Y[i] (op)=! X[i with axis r]`` over the ``r`` before (after) ``i`` along the axis."""
+        x = b.simple(b.input(node, 0))
+        rank = len(x.shape)
+        axis = norm_axis(_const_int(b, node, 1, "axis"), rank)
+        excl, rev = attr(node, "exclusive", 0), attr(node, "reverse", 0)
+        cmp = (">" if excl else ">=") if rev else ("<" if excl else "<=")
+
+        def body(idx, red):
+            read = x.at(idx[:axis] + [red[0]] + idx[axis + 1:])
+            return f"({red[0]} {cmp} {idx[axis]}) ? {read} : {lit(neutral, x.dtype)}"
+        return [b.emit(x.shape, x.dtype, body, op, [x.shape[axis]])]
+    return convert
+
+
+cum_sum = _cumulative("+=!", 0)
+cum_prod = _cumulative("*=!", 1)
+
+
+# ---- generated and rearranged tensors -------------------------------------------------------------------------
+
+def range_(b: Builder, node):
+    """Range whose inputs are not all constant (the passes fold the rest): ``start + i * delta`` over the
+    output's static length (ONNX spec pseudocode)."""
+    start, delta = b.input(node, 0), b.input(node, 2)
+    ys, dtype = b.out_shape(node), b.out_dtype(node)
+    conv = tc_type(dtype)
+    return [lazy(ys, dtype, lambda idx: f"({start.at([])} + {conv}({idx[0]}) * {delta.at([])})")]
+
+
+def tile(b: Builder, node):
+    """Tile (opset 6+) with constant ``repeats``: ``Y[i] = X[i % shape]``."""
+    x = b.input(node, 0)
+    ys = b.out_shape(node)
+
+    def text(idx):
+        return x.at([("0" if n == 1 else i if n == m else f"{i} % {n}") for i, n, m in zip(idx, x.shape, ys)])
+    return [lazy(ys, x.dtype, text, cheap=True)]
+
+
+def trilu(b: Builder, node):
+    """Trilu: keep ``j - i >= k`` (upper) or ``j - i <= k`` (lower) of the last two dims, 0 elsewhere;
+    ``k`` an optional scalar input (constant or not)."""
+    x = b.input(node, 0)
+    kv = b.input(node, 1)
+    k = "0" if kv is None else kv.at([])
+    cmp = ">=" if attr(node, "upper", 1) else "<="
+
+    def text(idx):
+        i, j = idx[-2], idx[-1]
+        return f"(int64({j}) - int64({i}) {cmp} {k} ? {x.at(idx)} : {zero(x.dtype)})"
+    return [lazy(x.shape, x.dtype, text)]
+
+
+def eye_like(b: Builder, node):
+    """EyeLike: ones on the diagonal ``j - i == k`` of a 2-D tensor of the input's shape, in ``dtype``."""
+    ys, dtype = b.out_shape(node), b.out_dtype(node)
+    k = attr(node, "k", 0)
+    one, nil = lit(1, dtype), zero(dtype)
+    return [lazy(ys, dtype, lambda idx: f"({idx[1]} - {idx[0]} == {k} ? {one} : {nil})")]
+
+
+def depth_to_space(b: Builder, node):
+    """DepthToSpace: ``Y[n, c, h*s+i, w*s+j] = X[n, (i*s+j)*C' + c, h, w]`` (DCR) or
+    ``X[n, c*s*s + i*s + j, h, w]`` (CRD), ``C' = C / s^2``."""
+    x = b.input(node, 0)
+    s = attr(node, "blocksize")
+    crd = attr(node, "mode", "DCR") == "CRD"
+    ys = b.out_shape(node)
+    cp = ys[1]
+
+    def text(idx):
+        n, c, h, w = idx
+        i, j = f"{h} % {s}", f"{w} % {s}"
+        ch = f"{c} * {s * s} + ({i}) * {s} + {j}" if crd else f"(({i}) * {s} + {j}) * {cp} + {c}"
+        return x.at([n, ch, f"{h} / {s}", f"{w} / {s}"])
+    return [lazy(ys, x.dtype, text, cheap=True)]
+
+
+def space_to_depth(b: Builder, node):
+    """SpaceToDepth: ``Y[n, (i*s+j)*C + c, h, w] = X[n, c, h*s+i, w*s+j]`` (DCR) or output channel
+    ``c*s*s + i*s + j`` (CRD, opset 28)."""
+    x = b.input(node, 0)
+    s = attr(node, "blocksize")
+    crd = attr(node, "mode", "DCR") == "CRD"
+    ys = b.out_shape(node)
+    c0 = x.shape[1]
+
+    def text(idx):
+        n, ch, h, w = idx
+        if crd:
+            c, i, j = f"{ch} / {s * s}", f"({ch} / {s}) % {s}", f"{ch} % {s}"
+        else:
+            c, i, j = f"{ch} % {c0}", f"{ch} / {c0 * s}", f"({ch} / {c0}) % {s}"
+        return x.at([n, c, f"{h} * {s} + {i}", f"{w} * {s} + {j}"])
+    return [lazy(ys, x.dtype, text, cheap=True)]
+
+
+# ---- Einsum -----------------------------------------------------------------------------------------------------
+
+def _einsum_terms(b: Builder, node, shapes):
+    """(operand subscripts, output subscript) with every ``...`` spelled out in fresh upper-case-free
+    letters (``0``..``9`` stand for the ellipsis dims, aligned from the right as numpy broadcasts)."""
+    eq = "".join(attr(node, "equation").split())
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise b.error(f"equation {eq!r} names {len(terms)} operands but the node has {len(shapes)}")
+    ell = max((len(s) - (len(t) - 3) for t, s in zip(terms, shapes) if "..." in t), default=0)
+    dots = [f"#{k}" for k in range(ell)]
+
+    def expand(t, rank=None):
+        letters = []
+        head, sep, tail = t.partition("...")
+        letters += list(head)
+        if sep:
+            n = ell if rank is None else rank - len(head) - len(tail)
+            letters += dots[ell - n:]
+        letters += list(tail)
+        return letters
+    subs = [expand(t, len(s)) for t, s in zip(terms, shapes)]
+    for t, s, sub in zip(terms, shapes, subs):
+        if len(sub) != len(s):
+            raise b.error(f"operand subscript {t!r} does not fit its rank {len(s)}")
+    if arrow:
+        outs = expand(out)
+    else:
+        singles = sorted(c for c in set(lhs) if c.isalpha() and lhs.count(c) == 1)
+        outs = dots + singles
+    return subs, outs
+
+
+def einsum(b: Builder, node):
+    """Einsum: the equation is Einstein notation, so it becomes one TC statement — output letters on the
+    left, the others summed (``+=!``); a letter repeated in one operand reads its diagonal; ``...`` dims
+    broadcast numpy-style (extent 1 read at 0)."""
+    vals = [b.input(node, k) for k in range(len(node["inputs"]))]
+    subs, outs = _einsum_terms(b, node, [v.shape for v in vals])
+    extents = {}
+    for sub, v in zip(subs, vals):
+        for c, n in zip(sub, v.shape):
+            extents[c] = max(extents.get(c, 1), n)
+    summed = [c for c in dict.fromkeys(c for sub in subs for c in sub) if c not in outs]
+    ys, dtype = b.out_shape(node), b.out_dtype(node)
+
+    def body(idx, red):
+        names = dict(zip(outs, idx)) | dict(zip(summed, red))
+        reads = [v.at([("0" if n == 1 and extents[c] != 1 else names[c]) for c, n in zip(sub, v.shape)])
+                 for sub, v in zip(subs, vals)]
+        return " * ".join(reads)
+    op = "+=!" if summed else "="
+    return [b.emit(ys, dtype, body, op, [extents[c] for c in summed])]
+
+
+#: op -> ((since_version, converter), ...), oldest first (see :data:`polyc.onnx.ops.CONVERTERS`).
+CONVERTERS = {
+    "GatherElements": ((11, gather_elements),), "GatherND": ((11, gather_nd),),
+    "ScatterElements": ((11, scatter_elements),), "Scatter": ((9, scatter_elements),),
+    "ScatterND": ((11, scatter_nd),), "OneHot": ((9, one_hot),),
+    "ArgMax": ((1, arg_max_min(True)),), "ArgMin": ((1, arg_max_min(False)),),
+    "Hardmax": ((1, hardmax_v1), (13, hardmax_v13)), "TopK": ((1, top_k),),
+    "CumSum": ((11, cum_sum),), "CumProd": ((26, cum_prod),), "Range": ((11, range_),), "Tile": ((6, tile),),
+    "Trilu": ((14, trilu),), "EyeLike": ((9, eye_like),), "DepthToSpace": ((1, depth_to_space),),
+    "SpaceToDepth": ((1, space_to_depth),), "Einsum": ((12, einsum),),
+}
+
+KNOWN_ATTRS = {
+    "GatherElements": {"axis"}, "GatherND": {"batch_dims"}, "ScatterElements": {"axis", "reduction"},
+    "Scatter": {"axis"}, "ScatterND": {"reduction"}, "OneHot": {"axis"},
+    "ArgMax": {"axis", "keepdims", "select_last_index"}, "ArgMin": {"axis", "keepdims", "select_last_index"},
+    "Hardmax": {"axis"}, "TopK": {"axis", "k", "largest", "sorted"}, "CumSum": {"exclusive", "reverse"},
+    "CumProd": {"exclusive", "reverse"}, "Range": {"stash_type"}, "Trilu": {"upper"}, "EyeLike": {"dtype", "k"},
+    "DepthToSpace": {"blocksize", "mode"}, "SpaceToDepth": {"blocksize", "mode"}, "Einsum": {"equation"},
+}
+
+_REDUCTIONS = lambda v: v in (b"none", b"add", b"mul", b"max", b"min", "none", "add", "mul", "max", "min")  # noqa: E731
+SUPPORTED_VALUES = {
+    "ScatterElements": {"reduction": _REDUCTIONS}, "ScatterND": {"reduction": _REDUCTIONS},
+}
+
+CONSTANT_INPUTS = {
+    "OneHot": ((1, 9, "depth"),), "CumSum": ((1, 11, "axis"),), "CumProd": ((1, 26, "axis"),),
+    "Tile": ((1, 6, "repeats"),), "TopK": ((1, 10, "K"),),
+    "Range": ((0, 11, "start"), (1, 11, "limit"), (2, 11, "delta")),
+}
