@@ -2,8 +2,9 @@
 
 Each converter is a plain function ``convert(b, node) -> list[Val]`` (one Val per output) using the
 :class:`~polyc.onnx.lower.Builder` ``b``. The converters live in one module per family (:mod:`.core`:
-elementwise, Conv/Gemm/MatMul, pooling, normalization, reductions; :mod:`.movement`: Concat, Slice, Gather,
-Resize ...). Each family module declares four tables, merged here:
+elementwise, Conv/Gemm/MatMul, pooling, normalization; :mod:`.movement`: Concat, Slice, Gather,
+Resize ...; :mod:`.reduction`: the ReduceX ops; :mod:`.indexing`: GatherElements, Scatter, ArgMax, Einsum
+...). Each family module declares four tables, merged here:
 
 - ``CONVERTERS``: op -> ``((since_version, function), ...)``, oldest first; :func:`converter` picks the newest
   one not newer than the model's opset (TVM's ``_impl_vN`` idea);
@@ -18,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from . import core, indexing, movement
+from . import core, indexing, movement, reduction
 
-FAMILIES = (core, movement, indexing)
+FAMILIES = (core, movement, reduction, indexing)
 
 
 def _merge(table: str) -> dict:

@@ -1,9 +1,10 @@
-"""Converters of the core ops: elementwise, Conv/Gemm/MatMul, pooling, normalization, Softmax, reductions.
+"""Converters of the core ops: elementwise, Conv/Gemm/MatMul, pooling, normalization, Softmax (the ReduceX
+ops are in :mod:`.reduction`).
 
 Each converter is a plain function ``convert(b, node) -> list[Val]`` (one Val per output) using the
 :class:`~polyc.onnx.lower.Builder` ``b``. :data:`CONVERTERS` maps an op to ``(since_version, function)``
 pairs; :func:`converter` picks the newest one not newer than the model's opset (TVM's ``_impl_vN`` idea).
-Where an attribute became an input (Squeeze/Unsqueeze/Split/Slice/Pad/Clip/ReduceX axes) one function
+Where an attribute became an input (Squeeze/Unsqueeze/Split/Slice/Pad/Clip) one function
 reads either form by looking at ``b.opset``; where the meaning changed (Softmax's flatten-at-axis rule before
 13) there are two functions. :func:`check_node` lists what a node uses that polyc does not support.
 """
@@ -479,47 +480,6 @@ def layer_normalization(b: Builder, node):
     return outs
 
 
-# ---- reductions ------------------------------------------------------------------------------------------------
-
-def _reduce_axes(b: Builder, node, since: int):
-    rank = len(b.tensors[node["inputs"][0]].shape)
-    if b.opset >= since:
-        axes = b.const_input(node, 1, "axes")
-        axes = None if axes is None else [int(a) for a in axes.reshape(-1)]
-    else:
-        axes = attr(node, "axes", None)
-    if not axes:
-        if b.opset >= since and attr(node, "noop_with_empty_axes", 0):
-            return []
-        return list(range(rank))
-    return sorted(norm_axis(a, rank) for a in axes)
-
-
-def _reduce_op(op, since):
-    def convert(b: Builder, node):
-        x = b.input(node, 0)
-        axes = _reduce_axes(b, node, since)
-        ys = b.out_shape(node)
-        if not axes:
-            return [x]
-        keep = attr(node, "keepdims", 1)
-        v, _ = reduce(b, x.shape, axes, "max=!" if op == "max" else "+=!", x.dtype, lambda idx: x.at(idx))
-        kept = [d for d in range(len(x.shape)) if d not in axes]
-
-        def kept_idx(idx):
-            return [idx[d] for d in kept] if keep else list(idx)
-        if op == "mean":
-            n = lit(int(np.prod([x.shape[d] for d in axes])), x.dtype)
-            return [lazy(ys, x.dtype, lambda idx: f"({v.at(kept_idx(idx))} / {n})")]
-        return [lazy(ys, x.dtype, lambda idx: v.at(kept_idx(idx)), cheap=True)]
-    return convert
-
-
-reduce_sum = _reduce_op("sum", 13)
-reduce_mean = _reduce_op("mean", 18)
-reduce_max = _reduce_op("max", 18)
-
-
 def _folded(b: Builder, node):
     raise b.error("this op must be folded to a constant at compile time (its inputs are not constant)")
 
@@ -538,7 +498,6 @@ CONVERTERS = {
     "GlobalAveragePool": ((1, global_average_pool),), "GlobalMaxPool": ((1, global_max_pool),),
     "Softmax": ((1, softmax_v1), (13, softmax_v13)), "LogSoftmax": ((1, log_softmax_v1), (13, log_softmax_v13)),
     "LayerNormalization": ((17, layer_normalization),),
-    "ReduceSum": ((1, reduce_sum),), "ReduceMean": ((1, reduce_mean),), "ReduceMax": ((1, reduce_max),),
     "Constant": ((1, _folded),), "ConstantOfShape": ((9, _folded),), "Shape": ((1, _folded),),
     "Size": ((1, _folded),),
 }
@@ -553,8 +512,7 @@ KNOWN_ATTRS = {
     "BatchNormalization": {"epsilon", "momentum", "spatial", "training_mode"}, "LRN": {"alpha", "beta", "bias", "size"},
     "MaxPool": _SPATIAL | {"ceil_mode", "storage_order"}, "AveragePool": _SPATIAL | {"ceil_mode", "count_include_pad"},
     "Softmax": {"axis"}, "LogSoftmax": {"axis"}, "LayerNormalization": {"axis", "epsilon", "stash_type"},
-    "ReduceSum": {"axes", "keepdims", "noop_with_empty_axes"}, "ReduceMean": {"axes", "keepdims", "noop_with_empty_axes"},
-    "ReduceMax": {"axes", "keepdims", "noop_with_empty_axes"}, "Shape": {"start", "end"},
+    "Shape": {"start", "end"},
     "Constant": {"value", "value_float", "value_floats", "value_int", "value_ints"}, "ConstantOfShape": {"value"},
 }
 
@@ -566,6 +524,5 @@ SUPPORTED_VALUES = {
 
 #: Inputs that must be compile-time constants: op -> ((index, since_opset, name), ...).
 CONSTANT_INPUTS = {
-    "ReduceSum": ((1, 13, "axes"),), "ReduceMean": ((1, 18, "axes"),), "ReduceMax": ((1, 18, "axes"),),
     "ConstantOfShape": ((0, 9, "input"),),
 }

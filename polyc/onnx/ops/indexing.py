@@ -11,7 +11,6 @@ equals its own), then reads that update or keeps the data.
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
 
 from ..lower import Builder, lazy, lit, tc_type
 from .common import attr, norm_axis, zero
@@ -264,7 +263,6 @@ def top_k(b: Builder, node):
     x = b.simple(b.input(node, 0))
     rank = len(x.shape)
     axis = norm_axis(attr(node, "axis", -1), rank)
-    k = attr(node, "k") if b.opset < 10 else _const_int(b, node, 1, "K")
     largest = attr(node, "largest", 1)
     n = x.shape[axis]
     cmp = ">" if largest else "<"
