@@ -245,8 +245,9 @@ def _rename(stmts: list, old: str, new: str) -> None:
             s.lhs = new
 
 
-def _finish_output(b: Builder, v: Val, name: str) -> None:
-    """Write group output ``v`` as tensor ``name``, in place over a temporary when that is possible."""
+def _finish_output(b: Builder, v: Val, name: str, keep=frozenset()) -> None:
+    """Write group output ``v`` as tensor ``name``, in place over a temporary when that is possible (never
+    over one in ``keep``: the temporaries that are other outputs, as TopK's indices)."""
     if v.tensor is not None and v.tensor.startswith("T") and not any(s.lhs == name for s in b.stmts) \
             and b.temp_dtypes.get(v.tensor, v.dtype) == v.dtype:
         _rename(b.stmts, v.tensor, name)
@@ -261,7 +262,8 @@ def _finish_output(b: Builder, v: Val, name: str) -> None:
             continue
         elsewhere = any(re.search(rf"\b{temp}\b", s.text) and s.lhs != temp for s in b.stmts[:-1])
         written_shape = next((s for s in b.stmts if s.lhs == temp), None)
-        if elsewhere or written_shape is None or not _same_ranges(written_shape.text, last.text, len(shape)) \
+        if elsewhere or temp in keep or written_shape is None \
+                or not _same_ranges(written_shape.text, last.text, len(shape)) \
                 or b.temp_dtypes.get(temp) != np.dtype(v.dtype):
             continue
         _rename(b.stmts, temp, name)
@@ -298,9 +300,10 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
             if name and v is not None:
                 b.values[name] = v
     out_names = []
+    outputs_kept = frozenset(b.values[o].tensor for o in group.outputs if b.values[o].tensor)
     for k, onnx_name in enumerate(group.outputs):
         tc = f"Y{k}"
-        _finish_output(b, b.values[onnx_name], tc)
+        _finish_output(b, b.values[onnx_name], tc, outputs_kept)
         out_names.append(tc)
     tc_shapes = {}
     params = []
