@@ -53,7 +53,142 @@ def run_case(op, opset, attrs, node_inputs, inputs, consts, n_out=1, oracle="ort
 
 # (id, op, opset, attrs, node input names, graph inputs, initializers[, oracle])
 CASES = [
+    # GatherElements: axis, negative and int32 indices, constant indices (a compile-time table)
+    ("gather_elements_axis0", "GatherElements", 13, {"axis": 0}, ["x", "i"],
+     {"x": f32(3, 5), "i": ints(-3, 3, 7, 5)}, {}),
+    ("gather_elements_axis1_int32", "GatherElements", 11, {"axis": 1}, ["x", "i"],
+     {"x": f32(1, 5, 7), "i": ints(-5, 5, 1, 3, 7, dtype=np.int32)}, {}),
+    ("gather_elements_axis_neg_smaller", "GatherElements", 13, {"axis": -1}, ["x", "i"],
+     {"x": f32(3, 5, 7), "i": ints(-7, 7, 2, 3, 11)}, {}),
+    ("gather_elements_const", "GatherElements", 13, {"axis": 1}, ["x", "i"], {"x": f32(3, 5)}, {"i": ints(-5, 5, 3, 2)}),
+    # GatherND: batch_dims 0..2, full-depth and partial indices
+    ("gather_nd_b0_partial", "GatherND", 11, {}, ["x", "i"], {"x": f32(3, 5, 7), "i": ints(-3, 3, 2, 1)}, {}),
+    ("gather_nd_b0_full", "GatherND", 13, {}, ["x", "i"],
+     {"x": f32(3, 5), "i": np.stack([ints(-3, 3, 7), ints(-5, 5, 7)], -1)}, {}),
+    ("gather_nd_b1", "GatherND", 12, {"batch_dims": 1}, ["x", "i"], {"x": f32(3, 5, 7), "i": ints(-5, 5, 3, 1, 1)}, {}),
+    ("gather_nd_b2", "GatherND", 13, {"batch_dims": 2}, ["x", "i"],
+     {"x": f32(3, 1, 5, 7), "i": ints(0, 5, 3, 1, 2, 1)}, {}),
+    # ScatterElements / Scatter: every reduction, axes, opsets (duplicates only with a reduction)
+    ("scatter_elements_none_axis0", "ScatterElements", 13, {"axis": 0}, ["x", "i", "u"],
+     {"x": f32(5, 3), "i": np.array([[4, 0, -1], [1, 2, 3]], np.int64), "u": f32(2, 3)}, {}),
+    ("scatter_elements_none_axis1_v11", "ScatterElements", 11, {"axis": 1}, ["x", "i", "u"],
+     {"x": f32(3, 7), "i": np.array([[6], [0], [-7]], np.int64), "u": f32(3, 1)}, {}),
+    ("scatter_elements_add", "ScatterElements", 16, {"axis": 1, "reduction": "add"}, ["x", "i", "u"],
+     {"x": f32(3, 5, 7), "i": ints(-5, 5, 2, 4, 7), "u": f32(2, 4, 7)}, {}),
+    ("scatter_elements_mul", "ScatterElements", 18, {"axis": -1, "reduction": "mul"}, ["x", "i", "u"],
+     {"x": f32(3, 5), "i": ints(0, 5, 3, 7), "u": f32(3, 7)}, {}),
+    ("scatter_elements_max", "ScatterElements", 18, {"axis": 0, "reduction": "max"}, ["x", "i", "u"],
+     {"x": f32(5, 3), "i": ints(0, 5, 7, 3), "u": f32(7, 3)}, {}),
+    ("scatter_elements_min_int32", "ScatterElements", 18, {"axis": 0, "reduction": "min"}, ["x", "i", "u"],
+     {"x": ints(-9, 9, 5, 3, dtype=np.int32), "i": ints(0, 5, 7, 3), "u": ints(-9, 9, 7, 3, dtype=np.int32)}, {}),
+    ("scatter_v9", "Scatter", 9, {"axis": 1}, ["x", "i", "u"],
+     {"x": f32(3, 5), "i": np.array([[1, 3], [0, 4], [2, 1]], np.int64), "u": f32(3, 2)}, {}),
+    # ScatterND: partial and full-depth indices, every reduction
+    ("scatter_nd_rows", "ScatterND", 11, {}, ["x", "i", "u"],
+     {"x": f32(5, 3, 7), "i": np.array([[4], [0], [-3]], np.int64), "u": f32(3, 3, 7)}, {}),
+    ("scatter_nd_elements", "ScatterND", 13, {}, ["x", "i", "u"],
+     {"x": f32(3, 5), "i": np.array([[[0, 1], [2, -1]], [[1, 1], [-3, 3]]], np.int64), "u": f32(2, 2)}, {}),
+    ("scatter_nd_single_slice", "ScatterND", 13, {}, ["x", "i", "u"],
+     {"x": f32(3, 5, 7), "i": np.array([1, 4], np.int64), "u": f32(7)}, {}),
+    ("scatter_nd_add", "ScatterND", 16, {"reduction": "add"}, ["x", "i", "u"],
+     {"x": f32(5, 7), "i": np.array([[1], [3], [1]], np.int64), "u": f32(3, 7)}, {}),
+    ("scatter_nd_mul", "ScatterND", 18, {"reduction": "mul"}, ["x", "i", "u"],
+     {"x": f32(5, 7), "i": np.array([[1, 2], [1, 2], [4, 6]], np.int64), "u": f32(3)}, {}),
+    ("scatter_nd_max", "ScatterND", 18, {"reduction": "max"}, ["x", "i", "u"],
+     {"x": f32(5, 7), "i": np.array([[1], [3], [1]], np.int64), "u": f32(3, 7)}, {}),
+    ("scatter_nd_min", "ScatterND", 18, {"reduction": "min"}, ["x", "i", "u"],
+     {"x": f32(5, 7), "i": np.array([[1], [3], [1]], np.int64), "u": f32(3, 7)}, {}),
+    # OneHot: axes, negative and out-of-range indices (a row of off values), float indices, opsets
+    ("one_hot_last", "OneHot", 11, {}, ["i", "d", "v"], {"i": np.array([[0, -1, 4], [5, -6, 2]], np.int64)},
+     {"d": np.array(5, np.int64), "v": np.array([-1.0, 3.0], np.float32)}),
+    ("one_hot_axis0_v9", "OneHot", 9, {"axis": 0}, ["i", "d", "v"], {"i": np.array([1, 2, 0], np.int64)},
+     {"d": np.array(3.0, np.float32), "v": np.array([0, 1], np.int64)}, {"oracle": "ref"}),
+    ("one_hot_axis1_float_indices", "OneHot", 11, {"axis": 1}, ["i", "d", "v"],
+     {"i": np.array([[1.0, 6.0], [-2.0, 0.0]], np.float32)}, {"d": np.array(7, np.int32),
+                                                                 "v": np.array([2.0, 5.0], np.float32)},
+     {"oracle": "ref"}),
+    # ArgMax / ArgMin: keepdims, select_last_index with ties, integers, opsets
+    ("argmax_keep", "ArgMax", 13, {"axis": 1}, ["x"], {"x": f32(3, 5, 7)}, {}),
+    ("argmax_nokeep_last_ties", "ArgMax", 12, {"axis": -1, "keepdims": 0, "select_last_index": 1}, ["x"],
+     {"x": np.round(f32(3, 11))}, {}),
+    ("argmax_first_ties_v11", "ArgMax", 11, {"axis": 0}, ["x"], {"x": np.round(f32(5, 3))}, {}),
+    ("argmin_int32", "ArgMin", 13, {"axis": 0, "keepdims": 0}, ["x"], {"x": ints(-3, 3, 7, 5, dtype=np.int32)}, {}),
+    ("argmin_last_ties", "ArgMin", 13, {"axis": 2, "select_last_index": 1}, ["x"], {"x": np.round(f32(1, 3, 5))}, {}),
+    # Hardmax: flatten-at-axis before 13, one axis from 13
+    ("hardmax_v11_axis1", "Hardmax", 11, {"axis": 1}, ["x"], {"x": np.round(f32(3, 5, 7))}, {}),
+    ("hardmax_v11_axis0", "Hardmax", 11, {"axis": 0}, ["x"], {"x": f32(3, 5)}, {}),
+    ("hardmax_v13", "Hardmax", 13, {}, ["x"], {"x": np.round(f32(3, 1, 7))}, {}),
+    ("hardmax_v13_axis0", "Hardmax", 13, {"axis": 0}, ["x"], {"x": np.round(f32(5, 3))}, {}),
+    # TopK: k attribute (< 10) or constant input, largest, ties (lower index first)
+    ("topk_v1", "TopK", 1, {"k": 2, "axis": 0}, ["x"], {"x": f32(5, 3)}, {}, {"n_out": 2}),
+    ("topk_largest_ties", "TopK", 11, {}, ["x", "k"], {"x": np.round(f32(3, 7))}, {"k": i64([3])}, {"n_out": 2}),
+    ("topk_smallest_axis1", "TopK", 11, {"axis": 1, "largest": 0}, ["x", "k"], {"x": np.round(f32(2, 7, 3))},
+     {"k": i64([5])}, {"n_out": 2}),
+    ("topk_int64", "TopK", 11, {}, ["x", "k"], {"x": ints(-5, 5, 11)}, {"k": i64([11])},
+     {"n_out": 2, "oracle": "ref"}),
+    # CumSum / CumProd: exclusive, reverse, negative axis, integers
+    ("cumsum", "CumSum", 11, {}, ["x", "a"], {"x": f32(3, 5)}, {"a": i64(1)}),
+    ("cumsum_excl", "CumSum", 14, {"exclusive": 1}, ["x", "a"], {"x": f32(7, 3)}, {"a": np.array(0, np.int32)}),
+    ("cumsum_rev", "CumSum", 14, {"reverse": 1}, ["x", "a"], {"x": ints(-9, 9, 3, 5, dtype=np.int32)}, {"a": i64(-1)}),
+    ("cumsum_excl_rev", "CumSum", 14, {"exclusive": 1, "reverse": 1}, ["x", "a"], {"x": f32(1, 7, 3)}, {"a": i64(1)}),
+    ("cumprod_excl_rev", "CumProd", 26, {"exclusive": 1, "reverse": 1}, ["x", "a"], {"x": f32(3, 5)},
+     {"a": i64(1)}, {"oracle": "ref"}),
+    ("cumprod", "CumProd", 26, {}, ["x", "a"], {"x": f32(7, 3)}, {"a": i64(0)}, {"oracle": "ref"}),
+    # Tile, Trilu, EyeLike
+    ("tile", "Tile", 13, {}, ["x", "r"], {"x": f32(3, 1, 5)}, {"r": i64([2, 3, 1])}),
+    ("tile_v6_int", "Tile", 6, {}, ["x", "r"], {"x": ints(0, 9, 1, 7)}, {"r": i64([5, 2])}),
+    ("triu", "Trilu", 14, {}, ["x"], {"x": f32(5, 7)}, {}),
+    ("triu_k_neg", "Trilu", 14, {}, ["x", "k"], {"x": f32(2, 7, 5)}, {"k": i64(-2)}),
+    ("tril_k_pos", "Trilu", 14, {"upper": 0}, ["x", "k"], {"x": f32(7, 5)}, {"k": i64(3)}),
+    ("tril_k_input", "Trilu", 14, {"upper": 0}, ["x", "k"], {"x": f32(3, 5, 7), "k": i64(-1)}, {}),
+    ("eyelike", "EyeLike", 9, {}, ["x"], {"x": f32(5, 5)}, {}),
+    ("eyelike_k_dtype", "EyeLike", 9, {"k": 2, "dtype": 6}, ["x"], {"x": f32(3, 7)}, {}),
+    ("eyelike_k_neg_int", "EyeLike", 22, {"k": -1}, ["x"], {"x": ints(0, 3, 7, 3)}, {}, {"oracle": "ref"}),
+    # DepthToSpace / SpaceToDepth
+    ("depth_to_space_v1", "DepthToSpace", 1, {"blocksize": 2}, ["x"], {"x": f32(1, 12, 3, 5)}, {}),
+    ("depth_to_space_dcr", "DepthToSpace", 13, {"blocksize": 3, "mode": "DCR"}, ["x"], {"x": f32(2, 9, 1, 3)}, {}),
+    ("depth_to_space_crd", "DepthToSpace", 11, {"blocksize": 2, "mode": "CRD"}, ["x"], {"x": f32(1, 12, 5, 3)}, {}),
+    ("space_to_depth", "SpaceToDepth", 13, {"blocksize": 2}, ["x"], {"x": f32(2, 3, 6, 10)}, {}),
+    ("space_to_depth_b3", "SpaceToDepth", 1, {"blocksize": 3}, ["x"], {"x": f32(1, 5, 3, 9)}, {}),
+    ("space_to_depth_crd_v28", "SpaceToDepth", 28, {"blocksize": 2, "mode": "CRD"}, ["x"], {"x": f32(1, 3, 4, 6)},
+     {}, {"oracle": "ref"}),
+    # Einsum: matmul, batch, transpose, trace, diagonal, sum, outer, implicit output, ellipsis, three operands
+    ("einsum_matmul", "Einsum", 12, {"equation": "ij,jk->ik"}, ["a", "b"], {"a": f32(3, 5), "b": f32(5, 7)}, {}),
+    ("einsum_batch", "Einsum", 12, {"equation": "bij,bjk->bik"}, ["a", "b"], {"a": f32(2, 3, 5), "b": f32(2, 5, 1)}, {}),
+    ("einsum_transpose", "Einsum", 12, {"equation": "ijk->kji"}, ["a"], {"a": f32(3, 5, 7)}, {}),
+    ("einsum_trace_implicit", "Einsum", 12, {"equation": "ii"}, ["a"], {"a": f32(5, 5)}, {}),
+    ("einsum_diagonal", "Einsum", 12, {"equation": "ii->i"}, ["a"], {"a": f32(7, 7)}, {}),
+    ("einsum_sum", "Einsum", 12, {"equation": "ij->"}, ["a"], {"a": f32(3, 5)}, {}),
+    ("einsum_outer", "Einsum", 12, {"equation": "i,j->ij"}, ["a", "b"], {"a": f32(3), "b": f32(5)}, {}),
+    ("einsum_implicit", "Einsum", 12, {"equation": "ba,ac"}, ["a", "b"], {"a": f32(3, 5), "b": f32(5, 7)}, {}),
+    ("einsum_ellipsis_broadcast", "Einsum", 12, {"equation": "...ij,...jk->...ik"}, ["a", "b"],
+     {"a": f32(2, 1, 3, 5), "b": f32(1, 7, 5, 3)}, {}),
+    ("einsum_ellipsis_implicit", "Einsum", 12, {"equation": "...i, ...i"}, ["a", "b"], {"a": f32(3, 5), "b": f32(1, 5)}, {}),
+    ("einsum_ellipsis_ort", "Einsum", 12, {"equation": "...ij,...jk"}, ["a", "b"],
+     {"a": f32(2, 1, 3, 5), "b": f32(2, 7, 5, 3)}, {}),
+    ("einsum_three", "Einsum", 12, {"equation": "ij,jk,kl->il"}, ["a", "b", "c"],
+     {"a": f32(3, 5), "b": f32(5, 7), "c": f32(7, 1)}, {}),
+    ("einsum_int", "Einsum", 12, {"equation": "ij,j->i"}, ["a", "b"],
+     {"a": ints(-5, 5, 3, 7, dtype=np.int32), "b": ints(-5, 5, 7, dtype=np.int32)}, {}, {"oracle": "ref"}),
 ]
+
+# the ReduceX ops: axes attribute (before 13/18) or constant input, keepdims, noop_with_empty_axes, integers
+_REDUCE = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+           "ReduceLogSumExp", "ReduceSumSquare")
+for _op in _REDUCE:
+    _since = 13 if _op == "ReduceSum" else 18
+    _x = (np.abs(f32(3, 5, 7)) + 0.5) if _op == "ReduceLogSum" else f32(3, 5, 7)
+    CASES += [
+        (f"{_op}_attr_axes", _op, _since - 2, {"axes": [0, 2], "keepdims": 0}, ["x"], {"x": _x}, {}),
+        (f"{_op}_attr_all", _op, 11, {}, ["x"], {"x": _x[:1]}, {}),
+        (f"{_op}_input_axes", _op, _since, {}, ["x", "a"], {"x": _x}, {"a": i64([-1])}),
+        (f"{_op}_input_axes_nokeep", _op, _since, {"keepdims": 0}, ["x", "a"], {"x": _x}, {"a": i64([1, 0])}),
+        (f"{_op}_no_axes", _op, _since, {"keepdims": 0}, ["x"], {"x": _x}, {}),
+        (f"{_op}_noop", _op, _since, {"noop_with_empty_axes": 1}, ["x"], {"x": _x}, {}, {"oracle": "ref"}),
+    ]
+    if "Log" not in _op:
+        CASES.append((f"{_op}_int32", _op, _since, {}, ["x", "a"], {"x": ints(-3, 4, 3, 5, 2, dtype=np.int32)},
+                      {"a": i64([1])}))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -61,3 +196,73 @@ def test_op(case):
     _, op, opset, attrs, names, inputs, consts, *rest = case
     kw = rest[0] if rest else {}
     run_case(op, opset, attrs, names, inputs, consts, **kw)
+
+
+def _compile(op, opset, attrs, names, inputs, consts=None):
+    node = helper.make_node(op, names, ["y"], **attrs)
+    return polyc.onnx.compile(testing.one_node_model(node, inputs, consts or {}, opset))
+
+
+@pytest.mark.parametrize("op,attrs,names,inputs,bad", [
+    ("GatherElements", {"axis": 1}, ["x", "i"], {"x": f32(3, 5), "i": ints(0, 5, 3, 2)}, ("i", (1, 1), 5)),
+    ("GatherElements", {"axis": 1}, ["x", "i"], {"x": f32(3, 5), "i": ints(0, 5, 3, 2)}, ("i", (2, 0), -6)),
+    ("GatherND", {}, ["x", "i"], {"x": f32(3, 5), "i": ints(0, 3, 2, 1)}, ("i", (1, 0), 3)),
+    ("ScatterElements", {"axis": 0}, ["x", "i", "u"], {"x": f32(3, 5), "i": ints(0, 3, 2, 5), "u": f32(2, 5)},
+     ("i", (0, 4), 3)),
+    ("ScatterElements", {"axis": 0, "reduction": "add"}, ["x", "i", "u"],
+     {"x": f32(3, 5), "i": ints(0, 3, 2, 5), "u": f32(2, 5)}, ("i", (1, 2), -4)),
+    ("ScatterND", {}, ["x", "i", "u"], {"x": f32(3, 5), "i": np.array([[0], [2]], np.int64), "u": f32(2, 5)},
+     ("i", (1, 0), 7)),
+])
+def test_index_out_of_range_fails_cleanly(op, attrs, names, inputs, bad):
+    """A data-dependent index outside ``[-n, n)`` makes the call fail with KernelRuntimeError (nothing is
+    read or written out of bounds); the same kernel still runs on good indices afterwards."""
+    k = _compile(op, 18, attrs, names, inputs)
+    good = k.run(inputs)[0]
+    name, at, value = bad
+    broken = {n: a.copy() for n, a in inputs.items()}
+    broken[name][at] = value
+    with pytest.raises(KernelRuntimeError):
+        k.run(broken)
+    np.testing.assert_array_equal(k.run(inputs)[0], good)
+
+
+def test_scatter_repeated_index_without_reduction_picks_an_update():
+    """A repeated index with reduction ``none`` is undefined in the spec: polyc must not crash, and each
+    written element holds one of the updates aimed at it (polyc takes the last)."""
+    x, u = f32(5, 3), f32(4, 3)
+    i = np.array([[1, 1, 1], [3, 1, 0], [1, 4, 1], [3, 1, 0]], np.int64)
+    got = _compile("ScatterElements", 18, {"axis": 0}, ["x", "i", "u"], {"x": x, "i": i, "u": u}).run(
+        {"x": x, "i": i, "u": u})[0]
+    want = x.copy()
+    for r in range(4):
+        for c in range(3):
+            want[i[r, c], c] = u[r, c]
+    np.testing.assert_array_equal(got, want)
+    ind = np.array([[1], [1]], np.int64)
+    upd = f32(2, 3)
+    got = _compile("ScatterND", 18, {}, ["x", "i", "u"], {"x": x, "i": ind, "u": upd}).run(
+        {"x": x, "i": ind, "u": upd})[0]
+    np.testing.assert_array_equal(got[1], upd[1])
+
+
+def test_range_with_constant_inputs_folds():
+    """Range of constant inputs is folded at compile time; its result feeds a kernel."""
+    node = helper.make_node("Range", ["s", "l", "d"], ["r"])
+    add = helper.make_node("Add", ["x", "r"], ["y"])
+    consts = {"s": np.array(2, np.int64), "l": np.array(-9, np.int64), "d": np.array(-3, np.int64)}
+    inits = [onnx.numpy_helper.from_array(v, n) for n, v in consts.items()]
+    graph = helper.make_graph([node, add], "range", [helper.make_tensor_value_info("x", onnx.TensorProto.INT64, [4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.INT64, [4])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = np.arange(4, dtype=np.int64)
+    np.testing.assert_array_equal(polyc.onnx.compile(model).run({"x": x})[0], x + np.arange(2, -9, -3))
+
+
+def test_range_with_graph_inputs_is_reported():
+    """Range of run-time inputs has no static length: a clean UnsupportedError names the input."""
+    node = helper.make_node("Range", ["s", "l", "d"], ["y"])
+    inputs = {"s": np.array(0.0, np.float32), "l": np.array(5.0, np.float32), "d": np.array(1.0, np.float32)}
+    with pytest.raises(PolycError, match="Range"):
+        polyc.onnx.compile(testing.one_node_model(node, inputs, {}, 13))
+
