@@ -266,3 +266,16 @@ def test_range_with_graph_inputs_is_reported():
     with pytest.raises(PolycError, match="Range"):
         polyc.onnx.compile(testing.one_node_model(node, inputs, {}, 13))
 
+
+
+def test_indices_that_do_not_fit_the_data_are_shape_errors():
+    """Indices larger than the data outside the axis (which onnx's shape inference lets through) and
+    constant indices out of range are reported as ShapeError naming the node, before any kernel runs."""
+    from polyc.errors import ShapeError
+    with pytest.raises(ShapeError, match="GatherElements"):
+        _compile("GatherElements", 13, {"axis": 1}, ["x", "i"], {"x": f32(3, 5), "i": ints(0, 5, 4, 2)})
+    with pytest.raises(ShapeError, match="out of range"):
+        _compile("GatherElements", 13, {"axis": 1}, ["x", "i"], {"x": f32(3, 5)}, {"i": i64([[0], [5], [1]])})
+    with pytest.raises(ShapeError, match="ScatterElements"):
+        _compile("ScatterElements", 13, {"axis": 0}, ["x", "i", "u"],
+                 {"x": f32(3, 5), "i": ints(0, 3, 2, 7), "u": f32(2, 7)})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import ShapeError
 from ..lower import Builder, lazy, lit, tc_type
 from .common import attr, norm_axis, zero
 
@@ -23,6 +24,18 @@ def _wrap(i: str, extent: int) -> str:
 
 def _int64(text: str) -> str:
     return f"int64({text})"
+
+
+def _shape_error(b: Builder, message: str) -> ShapeError:
+    return ShapeError(f"{message} on node {b.node_id} ({b.node_op})")
+
+
+def _check_fits(b: Builder, node, k: int, shape, data_shape, skip: int | None, what: str) -> None:
+    """Input ``k`` (indices or updates) must have the data's rank and no larger extent outside ``skip``."""
+    name = node["inputs"][k]
+    if len(shape) != len(data_shape) or any(a > n for d, (a, n) in enumerate(zip(shape, data_shape)) if d != skip):
+        raise _shape_error(b, f"{what} {name!r} of shape {list(shape)} does not fit the data's shape "
+                              f"{list(data_shape)}")
 
 
 def _const_int(b: Builder, node, k: int, what: str):
@@ -44,11 +57,12 @@ def gather_elements(b: Builder, node):
     ys = b.out_shape(node)
     n = x.shape[axis]
     name = node["inputs"][1]
+    _check_fits(b, node, 1, b.tensors[name].shape, x.shape, axis, "indices")
     if name in b.consts:
         ind = np.asarray(b.consts[name]).astype(np.int64)
         if ind.size and (ind.min() < -n or ind.max() >= n):
-            raise b.error(f"index {int(ind[(ind < -n) | (ind >= n)][0])} is out of range for axis {axis} "
-                          f"of extent {n}")
+            raise _shape_error(b, f"index {int(ind[(ind < -n) | (ind >= n)][0])} is out of range for axis {axis} "
+                              f"of extent {n}")
         iv = b.constant_table(np.where(ind < 0, ind + n, ind), "indices")
         return [lazy(ys, x.dtype, lambda idx: x.at(idx[:axis] + [iv.at(idx)] + idx[axis + 1:]))]
     iv = b.input(node, 1)
@@ -114,6 +128,9 @@ def scatter_elements(b: Builder, node):
     reduction = attr(node, "reduction", "none")
     n, us = x.shape[axis], iv.shape
     ys, dtype = x.shape, x.dtype
+    _check_fits(b, node, 1, us, x.shape, axis, "indices")
+    if tuple(up.shape) != tuple(us):
+        raise _shape_error(b, f"updates of shape {list(up.shape)} should have the indices' shape {list(us)}")
     _check_targets(b, x, us, lambda idx: idx[:axis] + [_wrap(iv.at(idx), n)] + idx[axis + 1:])
 
     def cond(idx, r, then, other):
@@ -155,6 +172,9 @@ def scatter_nd(b: Builder, node):
     reduction = attr(node, "reduction", "none")
     q, m = len(iv.shape), iv.shape[-1]
     rows = list(iv.shape[:-1])
+    if m > len(x.shape) or tuple(up.shape) != tuple(rows) + tuple(x.shape[m:]):
+        raise _shape_error(b, f"indices of shape {list(iv.shape)} and updates of shape {list(up.shape)} do not "
+                              f"fit the data's shape {list(x.shape)}")
     nr = len(rows)  # no rows (indices of shape (m,)): one update, reduced over a dummy index of extent 1
     ys, dtype = x.shape, x.dtype
 
@@ -462,8 +482,10 @@ KNOWN_ATTRS = {
 }
 
 _REDUCTIONS = lambda v: v in (b"none", b"add", b"mul", b"max", b"min", "none", "add", "mul", "max", "min")  # noqa: E731
+_MODES = lambda v: v in (b"DCR", b"CRD", "DCR", "CRD")  # noqa: E731
 SUPPORTED_VALUES = {
     "ScatterElements": {"reduction": _REDUCTIONS}, "ScatterND": {"reduction": _REDUCTIONS},
+    "DepthToSpace": {"mode": _MODES}, "SpaceToDepth": {"mode": _MODES},
 }
 
 CONSTANT_INPUTS = {
