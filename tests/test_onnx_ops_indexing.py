@@ -279,3 +279,25 @@ def test_indices_that_do_not_fit_the_data_are_shape_errors():
     with pytest.raises(ShapeError, match="ScatterElements"):
         _compile("ScatterElements", 13, {"axis": 0}, ["x", "i", "u"],
                  {"x": f32(3, 5), "i": ints(0, 3, 2, 7), "u": f32(2, 7)})
+
+
+def _with_nan():
+    x = f32(3, 7)
+    x[0, 2] = x[0, 4] = np.nan
+    x[1, :] = np.nan
+    x[2, 5] = np.inf
+    x[2, 1] = -np.inf
+    return x
+
+
+@pytest.mark.parametrize("op,attrs,extra", [
+    ("ArgMax", {"axis": 1}, {}), ("ArgMin", {"axis": 1, "select_last_index": 1}, {}), ("Hardmax", {"axis": 1}, {}),
+    ("TopK", {"axis": 1}, {"k": i64([4])}), ("TopK", {"axis": 1, "largest": 0}, {"k": i64([5])}),
+    ("ReduceLogSumExp", {"axes": [1]}, {}), ("ReduceMax", {"axes": [1]}, {}), ("ReduceMin", {"axes": [0]}, {}),
+])
+def test_nan_and_inf_follow_numpy(op, attrs, extra):
+    """NaN is the extremum (numpy's rule, which onnx's reference follows): ArgMax/ArgMin/Hardmax find the
+    NaN, TopK sorts NaN above every number, an infinite maximum gives an infinite LogSumExp; indices stay
+    in range."""
+    run_case(op, 13, attrs, ["x"] + list(extra), {"x": _with_nan()}, extra, n_out=2 if op == "TopK" else 1,
+             oracle="ref")

@@ -238,8 +238,15 @@ def _arg_reduce(b: Builder, x, axes, largest: bool, last: bool):
         return " + ".join(_int64(full[a]) if s == 1 else f"{s} * {_int64(full[a])}"
                           for a, s in zip(axes, strides)) or "0"
     miss = lit(-1 if last else total, np.int64)
+
+    def hit(idx):
+        e, top = x.at(idx), m.at(row(idx))
+        if np.dtype(x.dtype).kind != "f":
+            return f"{e} == {top}"
+        # max=! / min=! propagate NaN, as numpy: a NaN extremum is found at the NaNs (numpy's argmax)
+        return f"({e} == {top} || ({top} != {top} && {e} != {e}))"
     pos, _ = reduce(b, x.shape, axes, "max=!" if last else "min=!", np.int64,
-                    lambda idx: f"({x.at(idx)} == {m.at(row(idx))}) ? {flat(idx)} : {miss}")
+                    lambda idx: f"({hit(idx)}) ? {flat(idx)} : {miss}")
     return m, pos, row, flat
 
 
@@ -286,11 +293,21 @@ def top_k(b: Builder, node):
     largest = attr(node, "largest", 1)
     n = x.shape[axis]
     cmp = ">" if largest else "<"
+    floating = np.dtype(x.dtype).kind == "f"
 
     def before(idx, red):
+        """Whether element ``red`` comes before element ``idx`` in the sorted row: a strict total order
+        (NaN above every number, as numpy sorts it; equal values by index), so every rank is taken once."""
         j = idx[:axis] + [red[0]] + idx[axis + 1:]
         a, c = x.at(j), x.at(idx)
-        return f"({a} {cmp} {c} || ({a} == {c} && {red[0]} < {idx[axis]})) ? {lit(1, np.int64)} : {lit(0, np.int64)}"
+        first = f"{a} {cmp} {c}"
+        same = f"{a} == {c}"
+        if floating:
+            nan_a, nan_c = f"{a} != {a}", f"{c} != {c}"
+            first = f"{first} || ({nan_a} && !({nan_c}))" if largest else f"{first} || ({nan_c} && !({nan_a}))"
+            same = f"{same} || ({nan_a} && {nan_c})"
+        return (f"(({first}) || (({same}) && {red[0]} < {idx[axis]})) ? {lit(1, np.int64)} : "
+                f"{lit(0, np.int64)}")
     ranks = b.emit(x.shape, np.int64, before, "+=!", [n])
     ys = b.out_shape(node)
 

@@ -79,7 +79,10 @@ def _reduce_op(kind: str, since: int):
             x = b.simple(x)
             m, row = reduce(b, x.shape, axes, "max=!", x.dtype, lambda idx: x.at(idx))
             s, _ = reduce(b, x.shape, axes, "+=!", x.dtype, lambda idx: f"exp({x.at(idx)} - {m.at(row(idx))})")
-            return [lazy(ys, x.dtype, lambda idx: f"(log({s.at(kept_idx(idx))}) + {m.at(kept_idx(idx))})")]
+            # an infinite (or NaN) maximum is the result itself: exp(x - m) would be inf - inf
+            return [lazy(ys, x.dtype, lambda idx: f"(({m.at(kept_idx(idx))} - {m.at(kept_idx(idx))} == "
+                                                  f"{lit(0, x.dtype)}) ? log({s.at(kept_idx(idx))}) + "
+                                                  f"{m.at(kept_idx(idx))} : {m.at(kept_idx(idx))})")]
         op, term, finish = _KINDS[kind]
         if kind in ("l2", "sumsquare", "l1"):
             x = b.simple(x)
