@@ -131,6 +131,8 @@ CASES = [
     ("cumsum_excl", "CumSum", 14, {"exclusive": 1}, ["x", "a"], {"x": f32(7, 3)}, {"a": np.array(0, np.int32)}),
     ("cumsum_rev", "CumSum", 14, {"reverse": 1}, ["x", "a"], {"x": ints(-9, 9, 3, 5, dtype=np.int32)}, {"a": i64(-1)}),
     ("cumsum_excl_rev", "CumSum", 14, {"exclusive": 1, "reverse": 1}, ["x", "a"], {"x": f32(1, 7, 3)}, {"a": i64(1)}),
+    ("cumsum_long_axis_rev", "CumSum", 14, {"reverse": 1}, ["x", "a"], {"x": f32(3, 10007)}, {"a": i64(1)},
+     {"rtol": 1e-4, "atol": 1e-3}),
     ("cumprod_excl_rev", "CumProd", 26, {"exclusive": 1, "reverse": 1}, ["x", "a"], {"x": f32(3, 5)},
      {"a": i64(1)}, {"oracle": "ref"}),
     ("cumprod", "CumProd", 26, {}, ["x", "a"], {"x": f32(7, 3)}, {"a": i64(0)}, {"oracle": "ref"}),

@@ -323,23 +323,42 @@ def top_k(b: Builder, node):
 
 def _cumulative(op: str, neutral: int):
     def convert(b: Builder, node):
-        """CumSum / CumProd along a constant ``axis`` input, ``exclusive`` and ``reverse`` (ONNX spec):
-        ``Y[i] (op)=! X[i with axis r]`` over the ``r`` before (after) ``i`` along the axis."""
+        """CumSum / CumProd along a constant ``axis`` input, ``exclusive`` and ``reverse`` (ONNX spec), as a
+        linear recurrence: ``R = src`` then ``R[.., n, ..] = R[.., n, ..] op R[.., n-1, ..]`` (a statement
+        reading its own previous element runs in ascending order, as the spec's loop), with ``src(n) = X[n]``
+        (inclusive) or ``X[n-1]`` (exclusive, the neutral element at 0). ``reverse`` runs it over the flipped axis and reads the
+        result flipped back."""
         x = b.simple(b.input(node, 0))
         rank = len(x.shape)
         axis = norm_axis(_const_int(b, node, 1, "axis"), rank)
         excl, rev = attr(node, "exclusive", 0), attr(node, "reverse", 0)
-        cmp = (">" if excl else ">=") if rev else ("<" if excl else "<=")
+        n = x.shape[axis]
+        unit = lit(neutral, x.dtype)
 
-        def body(idx, red):
-            read = x.at(idx[:axis] + [red[0]] + idx[axis + 1:])
-            return f"({red[0]} {cmp} {idx[axis]}) ? {read} : {lit(neutral, x.dtype)}"
-        return [b.emit(x.shape, x.dtype, body, op, [x.shape[axis]])]
+        def flip(i):
+            return f"{n - 1}-({i})" if rev else i
+
+        def at(idx, i):
+            return idx[:axis] + [i] + idx[axis + 1:]
+        def src(idx, red):
+            i = idx[axis]
+            if excl:
+                return f"({i} > 0) ? {x.at(at(idx, flip(f'{i}-1')))} : {unit}"
+            return x.at(at(idx, flip(i)))
+        r = b.emit(x.shape, x.dtype, src)
+
+        def step(idx, red):
+            prev = r.at(at(idx, f"{idx[axis]}-1"))
+            return f"{r.at(idx)} {op} (({idx[axis]} > 0) ? {prev} : {unit})"
+        b.emit(x.shape, x.dtype, step, name=r.tensor)
+        if not rev:
+            return [r]
+        return [lazy(x.shape, x.dtype, lambda idx: r.at(at(idx, flip(idx[axis]))), cheap=True)]
     return convert
 
 
-cum_sum = _cumulative("+=!", 0)
-cum_prod = _cumulative("*=!", 1)
+cum_sum = _cumulative("+", 0)
+cum_prod = _cumulative("*", 1)
 
 
 # ---- generated and rearranged tensors -------------------------------------------------------------------------
