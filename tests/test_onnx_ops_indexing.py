@@ -154,6 +154,10 @@ CASES = [
     ("space_to_depth_b3", "SpaceToDepth", 1, {"blocksize": 3}, ["x"], {"x": f32(1, 5, 3, 9)}, {}),
     ("space_to_depth_crd_v28", "SpaceToDepth", 28, {"blocksize": 2, "mode": "CRD"}, ["x"], {"x": f32(1, 3, 4, 6)},
      {}, {"oracle": "ref"}),
+    # ReverseSequence: time/batch axes
+    ("reverse_sequence_time0", "ReverseSequence", 10, {}, ["x", "l"], {"x": f32(5, 3, 2), "l": i64([5, 1, 3])}, {}),
+    ("reverse_sequence_time1", "ReverseSequence", 10, {"time_axis": 1, "batch_axis": 0}, ["x", "l"],
+     {"x": f32(3, 7), "l": i64([7, 2, 1])}, {}),
     # Einsum: matmul, batch, transpose, trace, diagonal, sum, outer, implicit output, ellipsis, three operands
     ("einsum_matmul", "Einsum", 12, {"equation": "ij,jk->ik"}, ["a", "b"], {"a": f32(3, 5), "b": f32(5, 7)}, {}),
     ("einsum_batch", "Einsum", 12, {"equation": "bij,bjk->bik"}, ["a", "b"], {"a": f32(2, 3, 5), "b": f32(2, 5, 1)}, {}),

@@ -1,5 +1,6 @@
 """Converters for indexing ops: GatherElements, GatherND, ScatterElements/ScatterND, OneHot, ArgMax/ArgMin,
-Hardmax, TopK, CumSum/CumProd, Range, Tile, Trilu, EyeLike, DepthToSpace/SpaceToDepth, Einsum.
+Hardmax, TopK, CumSum/CumProd, Range, Tile, Trilu, EyeLike, DepthToSpace/SpaceToDepth, ReverseSequence,
+Einsum.
 
 A read with a data-dependent index (``X(I(i))``) is checked at run time by the generated code (an index out
 of range makes the call fail with :class:`~polyc.errors.KernelRuntimeError`); negative indices are wrapped
@@ -440,6 +441,21 @@ def space_to_depth(b: Builder, node):
     return [lazy(ys, x.dtype, text, cheap=True)]
 
 
+def reverse_sequence(b: Builder, node):
+    """ReverseSequence (opset 10+): along ``time_axis``, the first ``sequence_lens[i]`` elements of batch
+    ``i`` (``batch_axis``) reversed, the rest copied; a length past the time extent fails the call (the
+    read is range-checked at run time)."""
+    x, lens = b.input(node, 0), b.input(node, 1)
+    ta, ba = attr(node, "time_axis", 0), attr(node, "batch_axis", 1)
+
+    def text(idx):
+        t, n = idx[ta], lens.at([idx[ba]])
+        src = list(idx)
+        src[ta] = f"{n} - 1 - {t}"
+        return f"({t} < {n} ? {x.at(src)} : {x.at(idx)})"
+    return [lazy(x.shape, x.dtype, text)]
+
+
 # ---- Einsum -----------------------------------------------------------------------------------------------------
 
 def _einsum_terms(b: Builder, node, shapes):
@@ -505,7 +521,7 @@ CONVERTERS = {
     "Hardmax": ((1, hardmax_v1), (13, hardmax_v13)), "TopK": ((1, top_k),),
     "CumSum": ((11, cum_sum),), "CumProd": ((26, cum_prod),), "Range": ((11, range_),), "Tile": ((6, tile),),
     "Trilu": ((14, trilu),), "EyeLike": ((9, eye_like),), "DepthToSpace": ((1, depth_to_space),),
-    "SpaceToDepth": ((1, space_to_depth),), "Einsum": ((12, einsum),),
+    "SpaceToDepth": ((1, space_to_depth),), "Einsum": ((12, einsum),), "ReverseSequence": ((10, reverse_sequence),),
 }
 
 KNOWN_ATTRS = {
@@ -515,6 +531,7 @@ KNOWN_ATTRS = {
     "Hardmax": {"axis"}, "TopK": {"axis", "k", "largest", "sorted"}, "CumSum": {"exclusive", "reverse"},
     "CumProd": {"exclusive", "reverse"}, "Range": {"stash_type"}, "Trilu": {"upper"}, "EyeLike": {"dtype", "k"},
     "DepthToSpace": {"blocksize", "mode"}, "SpaceToDepth": {"blocksize", "mode"}, "Einsum": {"equation"},
+    "ReverseSequence": {"batch_axis", "time_axis"},
 }
 
 _REDUCTIONS = lambda v: v in (b"none", b"add", b"mul", b"max", b"min", "none", "add", "mul", "max", "min")  # noqa: E731
