@@ -81,6 +81,10 @@ CASES = [
      {"x": f32(5, 3), "i": ints(0, 5, 7, 3), "u": f32(7, 3)}, {}),
     ("scatter_elements_min_int32", "ScatterElements", 18, {"axis": 0, "reduction": "min"}, ["x", "i", "u"],
      {"x": ints(-9, 9, 5, 3, dtype=np.int32), "i": ints(0, 5, 7, 3), "u": ints(-9, 9, 7, 3, dtype=np.int32)}, {}),
+    ("scatter_elements_const_indices", "ScatterElements", 13, {"axis": 1}, ["x", "i", "u"],
+     {"x": f32(3, 7), "u": f32(2, 3)}, {"i": np.array([[6, 0, -2], [1, -7, 3]], np.int64)}),
+    ("scatter_elements_const_add", "ScatterElements", 18, {"axis": 0, "reduction": "add"}, ["x", "i", "u"],
+     {"x": f32(3, 5), "u": f32(2, 5)}, {"i": ints(-3, 3, 2, 5)}),
     ("scatter_v9", "Scatter", 9, {"axis": 1}, ["x", "i", "u"],
      {"x": f32(3, 5), "i": np.array([[1, 3], [0, 4], [2, 1]], np.int64), "u": f32(3, 2)}, {}),
     # ScatterND: partial and full-depth indices, every reduction
@@ -90,6 +94,12 @@ CASES = [
      {"x": f32(3, 5), "i": np.array([[[0, 1], [2, -1]], [[1, 1], [-3, 3]]], np.int64), "u": f32(2, 2)}, {}),
     ("scatter_nd_single_slice", "ScatterND", 13, {}, ["x", "i", "u"],
      {"x": f32(3, 5, 7), "i": np.array([1, 4], np.int64), "u": f32(7)}, {}),
+    ("scatter_nd_const_rows", "ScatterND", 13, {}, ["x", "i", "u"], {"x": f32(5, 3, 7), "u": f32(2, 3, 7)},
+     {"i": np.array([[4], [-5]], np.int64)}),
+    ("scatter_nd_const_elements", "ScatterND", 13, {}, ["x", "i", "u"], {"x": f32(3, 5), "u": f32(3)},
+     {"i": np.array([[0, 4], [-1, -1], [1, 0]], np.int64)}),
+    ("scatter_nd_const_single", "ScatterND", 13, {}, ["x", "i", "u"], {"x": f32(3, 5, 7), "u": f32(7)},
+     {"i": np.array([2, 1], np.int64)}),
     ("scatter_nd_add", "ScatterND", 16, {"reduction": "add"}, ["x", "i", "u"],
      {"x": f32(5, 7), "i": np.array([[1], [3], [1]], np.int64), "u": f32(3, 7)}, {}),
     ("scatter_nd_mul", "ScatterND", 18, {"reduction": "mul"}, ["x", "i", "u"],
@@ -250,6 +260,14 @@ def test_scatter_repeated_index_without_reduction_picks_an_update():
     got = _compile("ScatterND", 18, {}, ["x", "i", "u"], {"x": x, "i": ind, "u": upd}).run(
         {"x": x, "i": ind, "u": upd})[0]
     np.testing.assert_array_equal(got[1], upd[1])
+    # constant indices: the same choice made at compile time
+    got = _compile("ScatterND", 18, {}, ["x", "i", "u"], {"x": x, "u": upd}, {"i": ind}).run({"x": x, "u": upd})[0]
+    assert any(np.array_equal(got[1], upd[k]) for k in range(2))
+    got = _compile("ScatterElements", 18, {"axis": 0}, ["x", "i", "u"], {"x": x, "u": u}, {"i": i}).run(
+        {"x": x, "u": u})[0]
+    for c in range(3):
+        for row in set(i[:, c]):
+            assert got[row, c] in u[i[:, c] == row, c]
 
 
 def test_range_with_constant_inputs_folds():
@@ -282,6 +300,11 @@ def test_indices_that_do_not_fit_the_data_are_shape_errors():
         _compile("GatherElements", 13, {"axis": 1}, ["x", "i"], {"x": f32(3, 5), "i": ints(0, 5, 4, 2)})
     with pytest.raises(ShapeError, match="out of range"):
         _compile("GatherElements", 13, {"axis": 1}, ["x", "i"], {"x": f32(3, 5)}, {"i": i64([[0], [5], [1]])})
+    with pytest.raises(ShapeError, match="out of range"):
+        _compile("ScatterND", 13, {}, ["x", "i", "u"], {"x": f32(3, 5), "u": f32(2)}, {"i": i64([[0, 1], [3, 0]])})
+    with pytest.raises(ShapeError, match="out of range"):
+        _compile("ScatterElements", 13, {"axis": 1}, ["x", "i", "u"], {"x": f32(3, 5), "u": f32(3, 1)},
+                 {"i": i64([[0], [-6], [1]])})
     with pytest.raises(ShapeError, match="ScatterElements"):
         _compile("ScatterElements", 13, {"axis": 0}, ["x", "i", "u"],
                  {"x": f32(3, 5), "i": ints(0, 3, 2, 7), "u": f32(2, 7)})

@@ -108,6 +108,17 @@ def _combine(reduction: str, data: str, acc: str) -> str:
     return f"{reduction}({data}, {acc})"
 
 
+def _wrapped_constant(b: Builder, name: str, extent, what: str, where) -> np.ndarray:
+    """Constant indices (last dim against ``extent`` when it is an array of extents) with negative ones
+    wrapped; an index outside ``[-extent, extent)`` is a ShapeError."""
+    ind = np.asarray(b.consts[name]).astype(np.int64)
+    bad = (ind < -extent) | (ind >= extent)
+    if bad.any():
+        raise _shape_error(b, f"index {int(ind[bad][0])} of {name!r} is out of range for {what} {where} "
+                              f"(extent {extent.tolist()})")
+    return np.where(ind < 0, ind + extent, ind)
+
+
 def _check_targets(b: Builder, x, shape, target):
     """A statement reading ``x`` at every scatter target: an index out of range fails the call (the reads
     are range-checked at run time), as the ONNX spec requires of scatter indices. polyc keeps every statement
@@ -132,15 +143,32 @@ def scatter_elements(b: Builder, node):
     _check_fits(b, node, 1, us, x.shape, axis, "indices")
     if tuple(up.shape) != tuple(us):
         raise _shape_error(b, f"updates of shape {list(up.shape)} should have the indices' shape {list(us)}")
+    def within(idx, then, other):
+        conds = [f"{idx[d]} < {us[d]}" for d in range(rank) if d != axis and us[d] < ys[d]]
+        return f"(({' && '.join(conds)}) ? {then} : {other})" if conds else then
+    name = node["inputs"][1]
+    if reduction == "none" and name in b.consts:
+        # constant indices: which update (its position along the axis) lands on each element, at compile time
+        ind = _wrapped_constant(b, name, np.array(n), "axis", axis)
+        source = np.full(ys, -1, np.int32)
+        coords = list(np.indices(us))
+        along = coords[axis].copy()
+        coords[axis] = ind
+        source[tuple(coords)] = along
+        table = b.constant_table(source, "source")
+
+        def from_table(idx):
+            t = table.at(idx)
+            read = up.at(idx[:axis] + [t] + idx[axis + 1:])
+            return within(idx, f"({t} >= 0 ? {read} : {x.at(idx)})", x.at(idx))
+        return [lazy(ys, dtype, from_table)]
     _check_targets(b, x, us, lambda idx: idx[:axis] + [_wrap(iv.at(idx), n)] + idx[axis + 1:])
 
     def cond(idx, r, then, other):
         """``then`` where update ``r`` along the axis aims at output ``idx``, else ``other``; the coordinates
         outside the updates' shape are tested in an outer select, so the index read stays in bounds."""
         at = idx[:axis] + [r] + idx[axis + 1:]
-        inside = [f"{idx[d]} < {us[d]}" for d in range(rank) if d != axis and us[d] < ys[d]]
-        e = f"({_wrap(iv.at(at), n)} == {idx[axis]}) ? {then(at)} : {other}"
-        return f"({' && '.join(inside)}) ? ({e}) : {other}" if inside else e
+        return within(idx, f"(({_wrap(iv.at(at), n)} == {idx[axis]}) ? {then(at)} : {other})", other)
 
     if reduction == "none":
         def last(idx, red):
@@ -179,6 +207,24 @@ def scatter_nd(b: Builder, node):
     nr = len(rows)  # no rows (indices of shape (m,)): one update, reduced over a dummy index of extent 1
     ys, dtype = x.shape, x.dtype
 
+    strides = [int(np.prod(rows[k + 1:])) for k in range(nr)]
+
+    def unflatten(wi):
+        return [f"({wi} / {s}) % {n}" if s != 1 else f"{wi} % {n}" for s, n in zip(strides, rows)]
+    name = node["inputs"][1]
+    if reduction == "none" and name in b.consts:
+        # constant indices: which update row lands on each element of the first m dims, at compile time
+        ind = _wrapped_constant(b, name, np.array(x.shape[:m]), "the data's first dims", list(x.shape[:m]))
+        ind = ind.reshape(-1, m)
+        source = np.full(x.shape[:m], -1, np.int32)
+        source[tuple(ind.T)] = np.arange(len(ind), dtype=np.int32)
+        table = b.constant_table(source, "source")
+
+        def from_table(idx):
+            t = table.at(idx[:m])
+            return f"({t} >= 0 ? {up.at(unflatten(t) + idx[m:])} : {x.at(idx)})"
+        return [lazy(ys, dtype, from_table)]
+
     def target(u, k):
         return _wrap(iv.at(list(u) + [str(k)]), x.shape[k])
     _check_targets(b, x, tuple(rows) + (1,) if not rows else tuple(rows),
@@ -188,17 +234,14 @@ def scatter_nd(b: Builder, node):
         return " && ".join(f"{target(red[:nr], k)} == {idx[k]}" for k in range(m))
 
     if reduction == "none":
-        strides = [int(np.prod(rows[k + 1:])) for k in range(len(rows))]
-
         def last(idx, red):
             lin = " + ".join(f"{s} * {_int64(r)}" if s != 1 else _int64(r) for r, s in zip(red[:nr], strides)) or "0"
             return f"({cond(idx, red)}) ? {lin} : {lit(-1, np.int64)}"
-        w = b.emit(ys, np.int64, last, "max=!", rows or [1])
+        w = b.emit(x.shape[:m], np.int64, last, "max=!", rows or [1])
 
         def pick(idx):
-            wi = w.at(idx)
-            u = [f"({wi} / {s}) % {n}" if s != 1 else f"{wi} % {n}" for s, n in zip(strides, rows)]
-            return f"({wi} >= 0 ? {up.at(u + idx[m:])} : {x.at(idx)})"
+            wi = w.at(idx[:m])
+            return f"({wi} >= 0 ? {up.at(unflatten(wi) + idx[m:])} : {x.at(idx)})"
         out = pick
     else:
         op, neutral = _NEUTRAL[reduction]
