@@ -101,12 +101,12 @@ def test_dynamic_shape_error_and_pinning_through_compile():
 
 
 def test_unsupported_op_rejected_before_any_kernel_compiles():
-    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Hardmax", ["a"], ["b"], name="hm"),
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("RandomUniformLike", ["a"], ["b"], name="hm"),
              helper.make_node("Det", ["b"], ["y"], name="det")]
     graph = helper.make_graph(nodes, "u", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    with pytest.raises(UnsupportedError, match="(?s)2 unsupported feature.*Hardmax on node hm.*Det on node det"):
+    with pytest.raises(UnsupportedError, match="(?s)2 unsupported feature.*RandomUniformLike on node hm.*Det on node det"):
         polyc.onnx.compile(model)
 
 
