@@ -65,6 +65,7 @@ CASES = [
     ("gather_nd_b0_partial", "GatherND", 11, {}, ["x", "i"], {"x": f32(3, 5, 7), "i": ints(-3, 3, 2, 1)}, {}),
     ("gather_nd_b0_full", "GatherND", 13, {}, ["x", "i"],
      {"x": f32(3, 5), "i": np.stack([ints(-3, 3, 7), ints(-5, 5, 7)], -1)}, {}),
+    ("gather_nd_const", "GatherND", 13, {}, ["x", "i"], {"x": f32(3, 5, 7)}, {"i": i64([[[0, -1]], [[2, 3]]])}),
     ("gather_nd_b1", "GatherND", 12, {"batch_dims": 1}, ["x", "i"], {"x": f32(3, 5, 7), "i": ints(-5, 5, 3, 1, 1)}, {}),
     ("gather_nd_b2", "GatherND", 13, {"batch_dims": 2}, ["x", "i"],
      {"x": f32(3, 1, 5, 7), "i": ints(0, 5, 3, 1, 2, 1)}, {}),
@@ -305,6 +306,8 @@ def test_indices_that_do_not_fit_the_data_are_shape_errors():
     with pytest.raises(ShapeError, match="out of range"):
         _compile("ScatterElements", 13, {"axis": 1}, ["x", "i", "u"], {"x": f32(3, 5), "u": f32(3, 1)},
                  {"i": i64([[0], [-6], [1]])})
+    with pytest.raises(ShapeError, match="out of range"):
+        _compile("GatherND", 13, {}, ["x", "i"], {"x": f32(3, 5)}, {"i": i64([[0, 1], [1, -6]])})
     with pytest.raises(ShapeError, match="ScatterElements"):
         _compile("ScatterElements", 13, {"axis": 0}, ["x", "i", "u"],
                  {"x": f32(3, 5), "i": ints(0, 3, 2, 7), "u": f32(2, 7)})

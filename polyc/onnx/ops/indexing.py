@@ -60,11 +60,7 @@ def gather_elements(b: Builder, node):
     name = node["inputs"][1]
     _check_fits(b, node, 1, b.tensors[name].shape, x.shape, axis, "indices")
     if name in b.consts:
-        ind = np.asarray(b.consts[name]).astype(np.int64)
-        if ind.size and (ind.min() < -n or ind.max() >= n):
-            raise _shape_error(b, f"index {int(ind[(ind < -n) | (ind >= n)][0])} is out of range for axis {axis} "
-                              f"of extent {n}")
-        iv = b.constant_table(np.where(ind < 0, ind + n, ind), "indices")
+        iv = b.constant_table(_wrapped_constant(b, name, np.array(n), "axis", axis), "indices")
         return [lazy(ys, x.dtype, lambda idx: x.at(idx[:axis] + [iv.at(idx)] + idx[axis + 1:]))]
     iv = b.input(node, 1)
     return [lazy(ys, x.dtype, lambda idx: x.at(idx[:axis] + [_wrap(iv.at(idx), n)] + idx[axis + 1:]))]
@@ -73,15 +69,25 @@ def gather_elements(b: Builder, node):
 def gather_nd(b: Builder, node):
     """GatherND (opset 11+, ``batch_dims`` from 12): the last dim of the indices addresses data dims
     ``batch_dims ..``; negative indices count from the end; reads are range-checked at run time."""
-    x, iv = b.input(node, 0), b.input(node, 1)
+    x = b.input(node, 0)
     nb = attr(node, "batch_dims", 0)
-    q = len(iv.shape)
-    m = iv.shape[-1]
+    name = node["inputs"][1]
+    q, m = len(b.tensors[name].shape), b.tensors[name].shape[-1]
+    if nb + m > len(x.shape):
+        raise _shape_error(b, f"indices {name!r} of shape {list(b.tensors[name].shape)} address more dims than "
+                              f"the data's shape {list(x.shape)} has after batch_dims={nb}")
     ys = b.out_shape(node)
+    extents = np.array(x.shape[nb:nb + m])
+    if name in b.consts:  # checked and wrapped at compile time
+        iv = b.constant_table(_wrapped_constant(b, name, extents, "data dims", list(range(nb, nb + m))),
+                              "indices")
+        wrap = lambda i, n: i  # noqa: E731
+    else:
+        iv, wrap = b.input(node, 1), _wrap
 
     def text(idx):
         rows = idx[:q - 1]
-        coords = [_wrap(iv.at(rows + [str(k)]), x.shape[nb + k]) for k in range(m)]
+        coords = [wrap(iv.at(rows + [str(k)]), int(extents[k])) for k in range(m)]
         return x.at(idx[:nb] + coords + idx[q - 1:])
     return [lazy(ys, x.dtype, text)]
 
