@@ -333,3 +333,30 @@ def test_nan_and_inf_follow_numpy(op, attrs, extra):
     in range."""
     run_case(op, 13, attrs, ["x"] + list(extra), {"x": _with_nan()}, extra, n_out=2 if op == "TopK" else 1,
              oracle="ref")
+
+
+def test_ops_compose_in_a_graph():
+    """RoBERTa-style position ids (CumSum of a mask) feeding an embedding Gather, then ArgMax,
+    ReduceLogSumExp, Einsum attention scores, Trilu, TopK and GatherElements, against onnxruntime."""
+    from onnx import TensorProto, numpy_helper
+    emb = f32(16, 8)
+    nodes = [
+        helper.make_node("CumSum", ["mask", "ax"], ["cs"]), helper.make_node("Mul", ["cs", "mask"], ["m"]),
+        helper.make_node("Add", ["m", "one"], ["pos"]), helper.make_node("Gather", ["emb", "pos"], ["e"]),
+        helper.make_node("ArgMax", ["e"], ["am"], axis=-1, keepdims=0),
+        helper.make_node("ReduceLogSumExp", ["e", "axes"], ["lse"], keepdims=0),
+        helper.make_node("Einsum", ["e", "e"], ["att"], equation="bid,bjd->bij"),
+        helper.make_node("Trilu", ["att"], ["tri"], upper=0),
+        helper.make_node("TopK", ["tri", "k"], ["tv", "ti"], axis=-1),
+        helper.make_node("GatherElements", ["tri", "ti"], ["ge"], axis=2),
+    ]
+    consts = {"ax": np.array(1, np.int64), "one": np.array(1, np.int64), "emb": emb, "axes": i64([-1]), "k": i64([3])}
+    outs = [helper.make_tensor_value_info(n, t, s) for n, t, s in
+            zip(["am", "lse", "tv", "ti", "ge"], [7, 1, 1, 7, 1], [[2, 7], [2, 7], [2, 7, 3], [2, 7, 3], [2, 7, 3]])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("mask", TensorProto.INT64, [2, 7])], outs,
+                              initializer=[numpy_helper.from_array(a, n) for n, a in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    feeds = {"mask": np.array([[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1]], np.int64)}
+    for g, e in zip(polyc.onnx.compile(model).run(feeds), expected(model, feeds, "ort")):
+        assert g.dtype == e.dtype
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
