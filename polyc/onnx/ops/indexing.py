@@ -106,12 +106,13 @@ def _neutral(kind: str, dtype) -> str:
     return lit(int(kind), dtype)
 
 
-def _combine(reduction: str, data: str, acc: str) -> str:
-    if reduction == "add":
-        return f"({data} + {acc})"
-    if reduction == "mul":
-        return f"({data} * {acc})"
-    return f"{reduction}({data}, {acc})"
+def _update(b: Builder, x, reduction: str, body, reductions):
+    """A copy of ``x``, then one update statement combining the matching updates into it (``+=``, ``*=``,
+    ``max=``, ``min=``, in update order as the spec's loop); ``body`` gives the neutral element where an
+    update does not match."""
+    y = b.emit(x.shape, x.dtype, lambda idx, red: x.at(idx))
+    b.emit(x.shape, x.dtype, body, _NEUTRAL[reduction][0].rstrip("!"), reductions, name=y.tensor)
+    return y
 
 
 def _wrapped_constant(b: Builder, name: str, extent, what: str, where) -> np.ndarray:
@@ -137,8 +138,9 @@ def scatter_elements(b: Builder, node):
 
     Lowered as a gather: output element ``o`` reduces over the update positions ``r`` along ``axis`` whose
     wrapped index equals ``o[axis]`` (and whose other coordinates are ``o``'s). With reduction ``none`` the
-    last such update wins (a repeated index is undefined in the spec; this picks the last), else the updates
-    are combined by add / mul / max / min and applied to the data (ONNX spec, ScatterElements, opset 16+).
+    last such update wins (a repeated index is undefined in the spec; this picks the last); with add / mul /
+    max / min the data is copied and one update statement combines the matching updates into it (ONNX spec,
+    ScatterElements, opset 16+). Constant indices with ``none``: the source of each element is a table.
     """
     x, iv, up = b.input(node, 0), b.input(node, 1), b.input(node, 2)
     rank = len(x.shape)
@@ -184,15 +186,9 @@ def scatter_elements(b: Builder, node):
         def pick(idx):
             at = idx[:axis] + [w.at(idx)] + idx[axis + 1:]
             return f"({w.at(idx)} >= 0 ? {up.at(at)} : {x.at(idx)})"
-        out = pick
-    else:
-        op, neutral = _NEUTRAL[reduction]
-
-        def acc_body(idx, red):
-            return cond(idx, red[0], up.at, _neutral(neutral, dtype))
-        acc = b.emit(ys, dtype, acc_body, op, [us[axis]])
-        out = lambda idx: _combine(reduction, x.at(idx), acc.at(idx))  # noqa: E731
-    return [lazy(ys, dtype, out)]
+        return [lazy(ys, dtype, pick)]
+    neutral = _neutral(_NEUTRAL[reduction][1], dtype)
+    return [_update(b, x, reduction, lambda idx, red: cond(idx, red[0], up.at, neutral), [us[axis]])]
 
 
 def scatter_nd(b: Builder, node):
@@ -200,8 +196,8 @@ def scatter_nd(b: Builder, node):
     ``u`` (``I[u]`` addresses the first ``m`` dims of the data).
 
     Lowered as a gather over the update rows aimed at each output element: reduction ``none`` takes the
-    last such row in row-major order (repeated indices are undefined in the spec), the others combine them
-    with the data (ONNX spec, ScatterND).
+    last such row in row-major order (repeated indices are undefined in the spec; constant indices: a
+    compile-time table), the others copy the data and combine the matching rows into it (ONNX spec, ScatterND).
     """
     x, iv, up = b.input(node, 0), b.input(node, 1), b.input(node, 2)
     reduction = attr(node, "reduction", "none")
@@ -248,13 +244,12 @@ def scatter_nd(b: Builder, node):
         def pick(idx):
             wi = w.at(idx[:m])
             return f"({wi} >= 0 ? {up.at(unflatten(wi) + idx[m:])} : {x.at(idx)})"
-        out = pick
-    else:
-        op, neutral = _NEUTRAL[reduction]
-        acc = b.emit(ys, dtype, lambda idx, red: f"({cond(idx, red)}) ? {up.at(list(red[:nr]) + idx[m:])} : "
-                                                 f"{_neutral(neutral, dtype)}", op, rows or [1])
-        out = lambda idx: _combine(reduction, x.at(idx), acc.at(idx))  # noqa: E731
-    return [lazy(ys, dtype, out)]
+        return [lazy(ys, dtype, pick)]
+    neutral = _neutral(_NEUTRAL[reduction][1], dtype)
+
+    def acc_body(idx, red):
+        return f"({cond(idx, red)}) ? {up.at(list(red[:nr]) + idx[m:])} : {neutral}"
+    return [_update(b, x, reduction, acc_body, rows or [1])]
 
 
 # ---- one-hot, arg-reductions, hardmax, top-k ------------------------------------------------------------------
@@ -376,8 +371,8 @@ def _cumulative(op: str, neutral: int):
         """CumSum / CumProd along a constant ``axis`` input, ``exclusive`` and ``reverse`` (ONNX spec), as a
         linear recurrence: ``R = src`` then ``R[.., n, ..] = R[.., n, ..] op R[.., n-1, ..]`` (a statement
         reading its own previous element runs in ascending order, as the spec's loop), with ``src(n) = X[n]``
-        (inclusive) or ``X[n-1]`` (exclusive, the neutral element at 0). ``reverse`` runs it over the flipped axis and reads the
-        result flipped back."""
+        (inclusive) or ``X[n-1]`` (exclusive, the neutral element at 0). ``reverse`` runs it over the
+        flipped axis and reads the result flipped back."""
         x = b.simple(b.input(node, 0))
         rank = len(x.shape)
         axis = norm_axis(_const_int(b, node, 1, "axis"), rank)
