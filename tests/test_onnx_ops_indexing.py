@@ -363,3 +363,20 @@ def test_ops_compose_in_a_graph():
     for g, e in zip(polyc.onnx.compile(model).run(feeds), expected(model, feeds, "ort")):
         assert g.dtype == e.dtype
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_constant_gather_elements_past_numpy_choose_limit():
+    """GatherElements of constant data and indices along an axis of 128 (onnx's reference evaluator fails
+    past 64 choices, so the node is not folded): the node is lowered instead (BERT's buffered
+    token_type_ids)."""
+    from onnx import TensorProto, numpy_helper
+    data = np.arange(2 * 128, dtype=np.int64).reshape(2, 128)
+    ind = ints(-128, 128, 2, 128)
+    nodes = [helper.make_node("GatherElements", ["d", "i"], ["t"], axis=1), helper.make_node("Add", ["x", "t"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT64, [2, 128])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, [2, 128])],
+                              initializer=[numpy_helper.from_array(data, "d"), numpy_helper.from_array(ind, "i")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = np.ones((2, 128), np.int64)
+    got = polyc.onnx.compile(model).run({"x": x})[0]
+    np.testing.assert_array_equal(got, x + np.take_along_axis(data, np.where(ind < 0, ind + 128, ind), 1))
