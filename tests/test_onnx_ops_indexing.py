@@ -380,3 +380,22 @@ def test_constant_gather_elements_past_numpy_choose_limit():
     x = np.ones((2, 128), np.int64)
     got = polyc.onnx.compile(model).run({"x": x})[0]
     np.testing.assert_array_equal(got, x + np.take_along_axis(data, np.where(ind < 0, ind + 128, ind), 1))
+
+
+def _topk_row():
+    x = np.round(f32(2, 2053) * 2)  # many ties
+    x[0, 5] = x[0, 77] = x[0, 2000] = np.nan
+    x[0, 9], x[0, 10] = np.inf, -np.inf
+    x[1, :] = np.nan
+    x[1, 3], x[1, 1000] = 1.0, -np.inf
+    return x
+
+
+@pytest.mark.parametrize("largest,k", [(1, 1), (1, 5), (0, 4)])
+def test_topk_of_a_long_row_by_passes(largest, k):
+    """TopK with a small k on a long row (a vocabulary) picks one element per pass: ties by index, NaN
+    first (largest) or last, as onnx's reference; integers too."""
+    run_case("TopK", 11, {"axis": 1, "largest": largest}, ["x", "k"], {"x": _topk_row()}, {"k": i64([k])},
+             n_out=2, oracle="ref")
+    xi = ints(-3, 3, 2053, 2)
+    run_case("TopK", 11, {"axis": 0, "largest": largest}, ["x", "k"], {"x": xi}, {"k": i64([k])}, n_out=2)

@@ -337,6 +337,9 @@ def top_k(b: Builder, node):
     axis = norm_axis(attr(node, "axis", -1), rank)
     largest = attr(node, "largest", 1)
     n = x.shape[axis]
+    ys = b.out_shape(node)
+    if ys[axis] <= TOPK_PASSES_MAX_K and n >= TOPK_PASSES_MIN_N:
+        return _top_k_passes(b, x, axis, ys, bool(largest))
     cmp = ">" if largest else "<"
     floating = np.dtype(x.dtype).kind == "f"
 
@@ -354,7 +357,6 @@ def top_k(b: Builder, node):
         return (f"(({first}) || (({same}) && {red[0]} < {idx[axis]})) ? {lit(1, np.int64)} : "
                 f"{lit(0, np.int64)}")
     ranks = b.emit(x.shape, np.int64, before, "+=!", [n])
-    ys = b.out_shape(node)
 
     def pick(idx, red):
         j = idx[:axis] + [red[0]] + idx[axis + 1:]
@@ -362,6 +364,66 @@ def top_k(b: Builder, node):
     pos = b.emit(ys, np.int64, pick, "max=!", [n])
     values = lazy(ys, x.dtype, lambda idx: x.at(idx[:axis] + [pos.at(idx)] + idx[axis + 1:]))
     return [values, pos]
+
+
+#: TopK picks its elements one pass at a time (O(k n) per row instead of the O(n^2) ranks, but five statements
+#: per pass to compile) for k up to this ...
+TOPK_PASSES_MAX_K = 8
+#: ... on rows at least this long (a vocabulary).
+TOPK_PASSES_MIN_N = 2048
+
+
+def _top_k_passes(b: Builder, x, axis: int, ys, largest: bool):
+    """TopK as ``k`` selection passes, each the first remaining element in the sorted order: a NaN first
+    (``largest``) or last, by index; else the extremum of the remaining numbers (non-candidates read as a
+    bound no candidate passes: the row's smallest (largest) number), then its first index. Pass ``p``
+    excludes the indices chosen before it."""
+    n, k = x.shape[axis], ys[axis]
+    kept = tuple(x.shape[:axis]) + tuple(x.shape[axis + 1:])
+    floating = np.dtype(x.dtype).kind == "f"
+    none = lit(n, np.int64)
+
+    def at(idx, r):
+        return idx[:axis] + [r] + idx[axis:]
+    if floating:
+        big = lit(np.finfo(x.dtype).max, x.dtype)
+        bound = b.emit(kept, x.dtype, lambda idx, red: f"({x.at(at(idx, red[0]))} != {x.at(at(idx, red[0]))}) ? "
+                                                     f"{big if largest else lit(-np.finfo(x.dtype).max, x.dtype)} : "
+                                                     f"{x.at(at(idx, red[0]))}", "min=!" if largest else "max=!", [n])
+    else:
+        bound = b.emit(kept, x.dtype, lambda idx, red: x.at(at(idx, red[0])), "min=!" if largest else "max=!", [n])
+    chosen = []
+
+    def cand(idx, r):
+        return [f"{_int64(r)} != {c.at(idx)}" for c in chosen]
+
+    def first_index(test):
+        def body(idx, red):
+            conds = cand(idx, red[0]) + [test(idx, x.at(at(idx, red[0])))]
+            return f"({' && '.join(conds)}) ? {_int64(red[0])} : {none}"
+        return b.emit(kept, np.int64, body, "min=!", [n])
+    for _ in range(k):
+        def value(idx, red):
+            xr = x.at(at(idx, red[0]))
+            conds = cand(idx, red[0]) + ([f"{xr} == {xr}"] if floating else [])
+            return f"({' && '.join(conds)}) ? {xr} : {bound.at(idx)}" if conds else xr
+        v = b.emit(kept, x.dtype, value, "max=!" if largest else "min=!", [n])
+        j = first_index(lambda idx, xr, v=v: f"{xr} == {v.at(idx)}")
+        if floating:
+            nan = first_index(lambda idx, xr: f"{xr} != {xr}")
+            one, other = (nan, j) if largest else (j, nan)
+            j = b.emit(kept, np.int64, lambda idx, red, one=one, other=other:
+                       f"({one.at(idx)} < {none}) ? {one.at(idx)} : {other.at(idx)}")
+        chosen.append(j)
+
+    def pos(idx):
+        row = idx[:axis] + idx[axis + 1:]
+        e = chosen[-1].at(row)
+        for p in range(k - 2, -1, -1):
+            e = f"({idx[axis]} == {p} ? {chosen[p].at(row)} : {e})"
+        return e
+    values = lazy(ys, x.dtype, lambda idx: x.at(idx[:axis] + [pos(idx)] + idx[axis + 1:]))
+    return [values, lazy(ys, np.int64, pos)]
 
 
 # ---- scans ------------------------------------------------------------------------------------------------------
