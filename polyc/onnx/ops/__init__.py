@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from . import core, movement
+from . import core, logic, movement, unary
 
-FAMILIES = (core, movement)
+FAMILIES = (core, movement, logic, unary)
 
 
 def _merge(table: str) -> dict:
