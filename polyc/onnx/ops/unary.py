@@ -50,10 +50,11 @@ def _sign_text(e, node, t):
     """Sign: 1, -1 or 0 (a float NaN or signed zero is passed through, as numpy's ``sign``)."""
     kind = np.dtype(t).kind
     one, zero_ = lit(1, t), zero(t)
+    if kind == "f":
+        return f"({e} > {zero_} ? {one} : ({e} < {zero_} ? {lit(-1, t)} : {e}))"
     if kind == "u":
-        return f"({e} > {zero_} ? {one} : {zero_})"
-    rest = e if kind == "f" else zero_
-    return f"({e} > {zero_} ? {one} : ({e} < {zero_} ? {lit(-1, t)} : {rest}))"
+        return f"{tc_type(t)}({e} > {zero_} ? {one} : {zero_})"
+    return f"{tc_type(t)}({e} > {zero_} ? {one} : ({e} < {zero_} ? {lit(-1, t)} : {zero_}))"
 
 
 sign = unary(_sign_text, True)
