@@ -139,6 +139,11 @@ CASES = [
      {}, REF),
     ("sign_int32", "Sign", 9, {}, {"x": ints(np.int32, 3, 5)}, {}, ORT),
     ("sign_uint8", "Sign", 13, {}, {"x": ints(np.uint8, 7, lo=0, hi=3)}, {}, ORT),
+    ("sign_int8", "Sign", 13, {}, {"x": ints(np.int8, 3, 1, 5)}, {}, ORT),
+    ("shrink_uint8", "Shrink", 9, {"lambd": 3.0, "bias": 2.0}, {"x": ints(np.uint8, 11, lo=0, hi=9)}, {}, ORT),
+    ("where_int8", "Where", 16, {}, {"c": bools(5, 1), "x": ints(np.int8, 1, 3), "y": ints(np.int8, 5, 3)}, {}, ORT),
+    ("mod_int16_bcast", "Mod", 13, {}, {"a": ints(np.int16, 2, 3, 5, lo=-300, hi=300),
+                                        "b": ints(np.int16, 3, 1, lo=-9, hi=-1)}, {}, ORT),
     ("round", "Round", 11, {}, {"x": halves(3, 7)}, {}, ORT),
     ("round_f64", "Round", 11, {}, {"x": halves(11).astype(np.float64)}, {}, ORT),
     ("sin", "Sin", 7, {}, {"x": f32(3, 17, lo=-7, hi=7)}, {}, ORT),
@@ -283,3 +288,13 @@ def test_bitwise_builtins(dtype):
 def test_bitwise_builtin_rejects_float():
     with pytest.raises(PolycError, match="integers"):
         polyc.define("def k(float(N) A) -> (float(N) Y) { Y(i) = bitnot(A(i)) }")(np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize("op,opset,attrs,inputs", [
+    ("BitShift", 11, {"direction": "UP"}, {"a": ints(np.uint8, 3, lo=0, hi=9), "b": ints(np.uint8, 3, lo=0, hi=3)}),
+    ("Mod", 13, {"fmod": 2}, {"a": ints(np.int32, 3), "b": ints(np.int32, 3, lo=1, hi=5)}),
+])
+def test_unsupported_attribute_value(op, opset, attrs, inputs):
+    model = _model(op, opset, attrs, inputs, {})
+    with pytest.raises(PolycError, match=op):
+        polyc.onnx.compile(model)
