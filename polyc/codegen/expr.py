@@ -15,7 +15,10 @@ Semantics (numpy's where the language says so):
   int/float → bool is ``!= 0``;
 - ``exp log sqrt fabs floor ceil sin cos pow fma`` are LLVM intrinsics; ``tanh`` and ``erf`` call libm
   (``tanhf``/``tanh``, ``erff``/``erf``); ``sigmoid(x) = 1/(1+exp(-x))``, ``rsqrt(x) = 1/sqrt(x)``;
-  ``min``/``max`` are compare+select and propagate NaN (``np.minimum``); ``fmin``/``fmax`` ignore it.
+  ``min``/``max`` are compare+select and propagate NaN (``np.minimum``); ``fmin``/``fmax`` ignore it;
+  ``rint`` (half to even) is an intrinsic, ``tan asin acos atan sinh cosh asinh acosh atanh`` call libm,
+  ``fmod`` is C's (``frem``); ``bitand bitor bitxor bitnot shl shr`` are the integer instructions, a shift by
+  the type's width or more giving 0 (``shr`` of a negative signed value: -1), as numpy's.
 - A read whose index depends on data (``A(B(i))``, or an index using a 0-d parameter) or that the model
   marks ``checked`` (a non-affine index such as ``A(i*i)``, which the compile-time bounds check cannot bound)
   is checked against each dimension's extent; out of range branches to ``env.fail()`` (the kernel returns 1)
@@ -52,8 +55,9 @@ _BITS = {"bool": 1, "int8": 8, "int16": 16, "int32": 32, "int64": 64,
          "uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}
 _CONTRACT = ("contract",)
 _INTRINSICS = {"exp": 1, "log": 1, "sqrt": 1, "fabs": 1, "floor": 1, "ceil": 1, "sin": 1, "cos": 1,
-               "pow": 2, "fma": 3}
-_LIBM = {"tanh": ("tanhf", "tanh"), "erf": ("erff", "erf")}
+               "pow": 2, "fma": 3, "rint": 1}
+_LIBM = {f: (f + "f", f) for f in ("tanh", "erf", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
+                                   "atanh")}
 
 
 #: Longest IR value or block name passed to llvmlite: LLVM truncates local names past 1024 characters, so two
@@ -426,6 +430,10 @@ def _emit_call(env: Env, e: L.Call, b: ir.IRBuilder) -> ir.Value:
         f = "fabs"
     if f in ("min", "max", "fmin", "fmax"):
         return min_max(b, f, args[0], args[1], dtype)
+    if f in _BITWISE:
+        return _bitwise(b, f, args, dtype)
+    if f == "fmod":
+        return b.frem(args[0], args[1])
     if f in _VECTOR_MATH and vector_math(env, f, args[0], b) is not None:
         return vector_math(env, f, args[0], b)
     if f in _INTRINSICS:
@@ -439,6 +447,28 @@ def _emit_call(env: Env, e: L.Call, b: ir.IRBuilder) -> ir.Value:
     if f == "rsqrt":
         return b.fdiv(const(ty, 1.0), b.call(intrinsic(env.module, "sqrt", ty, 1), args))
     raise CompileError(f"codegen: unknown builtin {e.func!r}")
+
+
+_BITWISE = ("bitand", "bitor", "bitxor", "bitnot", "shl", "shr")
+
+
+def _bitwise(b: ir.IRBuilder, f: str, args: list, dtype: str) -> ir.Value:
+    """The integer builtins; shifts by the width or more (or a negative count) saturate as numpy's do."""
+    x = args[0]
+    if dtype in FLOAT:
+        raise CompileError(f"codegen: {f} on {dtype}")
+    if f == "bitnot":
+        return b.xor(x, const(x.type, -1))
+    y = args[1]
+    if f in ("bitand", "bitor", "bitxor"):
+        return {"bitand": b.and_, "bitor": b.or_, "bitxor": b.xor}[f](x, y)
+    width = _BITS[dtype]
+    over = b.icmp_unsigned(">=", y, const(y.type, width))
+    if f == "shl":
+        return b.select(over, const(x.type, 0), b.shl(x, b.select(over, const(y.type, 0), y)))
+    if dtype in UNSIGNED:
+        return b.select(over, const(x.type, 0), b.lshr(x, b.select(over, const(y.type, 0), y)))
+    return b.ashr(x, b.select(over, const(y.type, width - 1), y))
 
 
 def min_max(b: ir.IRBuilder, f: str, x: ir.Value, y: ir.Value, dtype: str) -> ir.Value:
@@ -456,7 +486,8 @@ def min_max(b: ir.IRBuilder, f: str, x: ir.Value, y: ir.Value, dtype: str) -> ir
 
 
 #: Builtins glibc's vector math library (libmvec) has in every vector width: ``_ZGV<isa>N<lanes>v_<name>[f]``.
-_VECTOR_MATH = ("exp", "log", "sin", "cos", "tanh", "erf")
+_VECTOR_MATH = ("exp", "log", "sin", "cos", "tanh", "erf", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+                "acosh", "atanh")
 _ISA = {128: "b", 256: "d", 512: "e"}  # SSE4, AVX2, AVX-512 variants of the vector ABI
 
 

@@ -34,7 +34,8 @@ ASSIGN_OPS = ("=", "+=", "*=", "max=", "min=", "+=!", "*=!", "max=!", "min=!")
 
 #: Builtin functions callable in expressions.
 BUILTINS = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "fabs", "abs", "fmax", "fmin", "fma", "pow",
-            "erf", "floor", "ceil", "sin", "cos", "min", "max")
+            "erf", "floor", "ceil", "sin", "cos", "min", "max", "tan", "asin", "acos", "atan", "sinh", "cosh",
+            "asinh", "acosh", "atanh", "rint", "fmod", "bitand", "bitor", "bitxor", "bitnot", "shl", "shr")
 
 
 def _span_field():

@@ -35,10 +35,15 @@ from .parser import MAX_DEPTH, expr_children, expr_depth
 #: Builtins computed in float32 (float64 when an argument is float64), with their arity: integer and bool
 #: arguments are converted first, as C's ``fabs(int)`` does (so ``fabs(i)`` is float32; ``abs(i)`` stays int).
 FLOAT_BUILTINS = {"exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "floor": 1,
-                  "ceil": 1, "sin": 1, "cos": 1, "pow": 2, "fma": 3, "fabs": 1}
+                  "ceil": 1, "sin": 1, "cos": 1, "pow": 2, "fma": 3, "fabs": 1, "tan": 1, "asin": 1, "acos": 1,
+                  "atan": 1, "sinh": 1, "cosh": 1, "asinh": 1, "acosh": 1, "atanh": 1, "rint": 1, "fmod": 2}
 #: Builtins computed in the promoted type of their arguments, with their arity (integer ``abs`` wraps around
 #: at the type's minimum as numpy's does; ``min``/``max``/``fmin``/``fmax`` compare integers exactly).
-PROMOTING_BUILTINS = {"abs": 1, "min": 2, "max": 2, "fmin": 2, "fmax": 2}
+PROMOTING_BUILTINS = {"abs": 1, "min": 2, "max": 2, "fmin": 2, "fmax": 2, "bitand": 2, "bitor": 2, "bitxor": 2,
+                      "bitnot": 1, "shl": 2, "shr": 2}
+#: Builtins on integers only (bitwise, C's; ``shl``/``shr`` by at least the type's width give 0, or -1 for a
+#: negative signed ``shr``, as numpy's shifts do).
+INTEGER_BUILTINS = ("bitand", "bitor", "bitxor", "bitnot", "shl", "shr")
 
 _ARITHMETIC = ("+", "-", "*", "/", "%")
 _COMPARISON = ("<", "<=", ">", ">=", "==", "!=")
@@ -657,4 +662,6 @@ def type_call(e: A.Call, scope: _Scope) -> A.Expr:
         common = "float64" if any(a.dtype == "float64" for a in args) else "float32"
     else:
         common = unify(args)
+        if e.func in INTEGER_BUILTINS and not (common.startswith("int") or common.startswith("uint")):
+            raise _error(f"'{e.func}' takes integers, got {common}", e.span, "convert the arguments to an integer type")
     return replace(e, args=tuple(coerce(a, common) for a in args), dtype=common)

@@ -23,7 +23,13 @@ from .graph import consumers, producer, topo_order
 ANCHORS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Pow", "Relu", "LeakyRelu", "Sigmoid",
                          "Tanh", "Clip", "Erf", "Gelu", "Exp", "Log", "Sqrt", "Cast", "Neg", "Abs",
-                         "Reciprocal", "Mean", "HardSigmoid", "Elu", "Selu", "Softplus", "Floor", "Ceil"})
+                         "Reciprocal", "Mean", "HardSigmoid", "Elu", "Selu", "Softplus", "Floor", "Ceil",
+                         # ops/logic.py, ops/unary.py
+                         "Where", "Expand", "And", "Or", "Xor", "Not", "Equal", "Less", "LessOrEqual", "Greater",
+                         "GreaterOrEqual", "IsNaN", "IsInf", "Mod", "BitShift", "BitwiseAnd", "BitwiseOr",
+                         "BitwiseXor", "BitwiseNot", "HardSwish", "Celu", "Softsign", "ThresholdedRelu", "PRelu",
+                         "Mish", "Shrink", "Sign", "Round", "CastLike", "Sin", "Cos", "Tan", "Asin", "Acos",
+                         "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"})
 ALIASES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from . import core, indexing, movement, reduction
+from . import core, indexing, logic, movement, reduction, unary
 
-FAMILIES = (core, movement, reduction, indexing)
+FAMILIES = (core, movement, reduction, indexing, logic, unary)
 
 
 def _merge(table: str) -> dict:
