@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from . import core, movement
+from . import core, movement, norm
 
-FAMILIES = (core, movement)
+FAMILIES = (core, movement, norm)
 
 
 def _merge(table: str) -> dict:
