@@ -116,3 +116,89 @@ def test_groupnorm_bad_groups_is_polyc_error():
     model = testing.one_node_model(node, {"x": f32(1, 6, 3)}, {"s": f32(6), "b": f32(6)}, 21)
     with pytest.raises(polyc.PolycError):
         polyc.onnx.compile(model)
+
+
+# ---- attention ----------------------------------------------------------------------------------------------------
+
+def b8(*shape):
+    return R.random(shape) < 0.7
+
+
+ATTENTION_CASES = [
+    # (id, opset, attrs, named inputs (None: absent), number of outputs)
+    ("mha_4d", 23, {}, {"Q": f32(2, 3, 5, 4), "K": f32(2, 3, 7, 4), "V": f32(2, 3, 7, 3)}, 1),
+    ("ones_4d", 23, {}, {"Q": f32(1, 1, 1, 1), "K": f32(1, 1, 1, 1), "V": f32(1, 1, 1, 1)}, 1),
+    ("gqa_4d_scale_causal", 23, {"scale": 0.3, "is_causal": 1},
+     {"Q": f32(1, 6, 5, 4), "K": f32(1, 2, 5, 4), "V": f32(1, 2, 5, 5)}, 1),
+    ("mqa_3d_softcap", 23, {"q_num_heads": 3, "kv_num_heads": 1, "softcap": 2.0},
+     {"Q": f32(2, 5, 12), "K": f32(2, 7, 4), "V": f32(2, 7, 3)}, 1),
+    ("gqa_3d_float_mask", 23, {"q_num_heads": 4, "kv_num_heads": 2},
+     {"Q": f32(1, 3, 8), "K": f32(1, 5, 4), "V": f32(1, 5, 6), "attn_mask": f32(3, 5)}, 1),
+    ("bool_mask_4d_causal", 23, {"is_causal": 1},
+     {"Q": f32(2, 2, 3, 5), "K": f32(2, 2, 3, 5), "V": f32(2, 2, 3, 5), "attn_mask": b8(2, 1, 3, 3)}, 1),
+    ("short_mask_past_present", 23, {},
+     {"Q": f32(1, 2, 3, 4), "K": f32(1, 2, 3, 4), "V": f32(1, 2, 3, 2), "attn_mask": f32(2, 3, 4),
+      "past_key": f32(1, 2, 2, 4), "past_value": f32(1, 2, 2, 2)}, 3),
+    ("past_causal_qk_bias", 23, {"is_causal": 1, "qk_matmul_output_mode": 2},
+     {"Q": f32(1, 2, 3, 4), "K": f32(1, 2, 3, 4), "V": f32(1, 2, 3, 4), "attn_mask": b8(3, 5),
+      "past_key": f32(1, 2, 2, 4), "past_value": f32(1, 2, 2, 4)}, 4),
+    ("qk_raw", 23, {"softcap": 3.0}, {"Q": f32(1, 1, 3, 2), "K": f32(1, 1, 5, 2), "V": f32(1, 1, 5, 2)}, 4),
+    ("qk_softmax_3d_past", 23, {"q_num_heads": 2, "kv_num_heads": 2, "qk_matmul_output_mode": 3},
+     {"Q": f32(2, 3, 6), "K": f32(2, 3, 6), "V": f32(2, 3, 4), "attn_mask": None,
+      "past_key": f32(2, 2, 1, 3), "past_value": f32(2, 2, 1, 2)}, 4),
+    ("qk_softcap_mode1", 23, {"softcap": 1.5, "qk_matmul_output_mode": 1},
+     {"Q": f32(1, 1, 3, 2), "K": f32(1, 1, 5, 2), "V": f32(1, 1, 5, 2), "attn_mask": f32(3, 5)}, 4),
+    ("fully_masked_row", 23, {"qk_matmul_output_mode": 3},
+     {"Q": f32(1, 1, 2, 3), "K": f32(1, 1, 3, 3), "V": f32(1, 1, 3, 3),
+      "attn_mask": np.array([[True, False, True], [False, False, False]])}, 4),
+    ("nonpad_causal_v24", 24, {"is_causal": 1},
+     {"Q": f32(2, 2, 2, 4), "K": f32(2, 1, 5, 4), "V": f32(2, 1, 5, 3), "attn_mask": None, "past_key": None,
+      "past_value": None, "nonpad_kv_seqlen": np.array([4, 1], np.int64)}, 1),
+    ("window_v25", 25, {"left_window_size": 2, "right_window_size": 1},
+     {"Q": f32(1, 2, 4, 3), "K": f32(1, 2, 6, 3), "V": f32(1, 2, 6, 3)}, 1),
+    ("window_causal_past_v25", 25, {"left_window_size": 1, "is_causal": 1},
+     {"Q": f32(1, 1, 3, 3), "K": f32(1, 1, 3, 3), "V": f32(1, 1, 3, 3), "attn_mask": None,
+      "past_key": f32(1, 1, 2, 3), "past_value": f32(1, 1, 2, 3)}, 3),
+    ("f64_precision_double", 23, {"softmax_precision": 11},
+     {"Q": f64(1, 2, 3, 4), "K": f64(1, 2, 3, 4), "V": f64(1, 2, 3, 4)}, 1),
+    ("f32_precision_double", 23, {"softmax_precision": 11},
+     {"Q": f32(1, 2, 3, 4), "K": f32(1, 2, 3, 4), "V": f32(1, 2, 3, 4)}, 1),
+]
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=[c[0] for c in ATTENTION_CASES])
+def test_attention(case):
+    _, opset, attrs, named, n_out = case
+    names = [n if v is not None else "" for n, v in named.items()]
+    inputs = {n: v for n, v in named.items() if v is not None}
+    check("Attention", opset, attrs, inputs, {}, names, n_out, "ref")
+
+
+def test_attention_matches_onnxruntime():
+    inputs = {"Q": f32(2, 5, 12), "K": f32(2, 7, 6), "V": f32(2, 7, 4), "attn_mask": f32(5, 7)}
+    check("Attention", 23, {"q_num_heads": 4, "kv_num_heads": 2, "is_causal": 0}, inputs, {}, list(inputs), 1,
+          "ort")
+
+
+ROPE_CASES = [
+    # (id, attrs, inputs, position ids or None)
+    ("4d_pos", {}, {"x": f32(2, 3, 5, 8), "cos": f32(11, 4), "sin": f32(11, 4)},
+     np.array([[0, 3, 10, 2, 1], [4, 4, 0, 9, -1]], np.int64)),
+    ("4d_interleaved_rotdim", {"interleaved": 1, "rotary_embedding_dim": 4},
+     {"x": f32(1, 2, 3, 6), "cos": f32(5, 2), "sin": f32(5, 2)}, np.array([[1, 0, 4]], np.int64)),
+    ("3d_heads", {"num_heads": 3}, {"x": f32(2, 5, 12), "cos": f32(7, 2), "sin": f32(7, 2)},
+     np.array([[0, 1, 2, 3, 4], [6, 5, 4, 3, 2]], np.int64)),
+    ("3d_no_pos_interleaved", {"num_heads": 2, "interleaved": 1},
+     {"x": f32(1, 3, 8), "cos": f32(1, 3, 2), "sin": f32(1, 3, 2)}, None),
+    ("4d_no_pos_rotdim", {"rotary_embedding_dim": 2}, {"x": f32(3, 1, 1, 5), "cos": f32(3, 1, 1), "sin": f32(3, 1, 1)},
+     None),
+]
+
+
+@pytest.mark.parametrize("case", ROPE_CASES, ids=[c[0] for c in ROPE_CASES])
+def test_rotary_embedding(case):
+    _, attrs, inputs, pos = case
+    inputs = dict(inputs)
+    if pos is not None:
+        inputs["pos"] = pos
+    check("RotaryEmbedding", 23, attrs, inputs, {}, list(inputs), 1, "ref")

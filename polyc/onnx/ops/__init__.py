@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from . import core, movement, norm
+from . import attention, core, movement, norm
 
-FAMILIES = (core, movement, norm)
+FAMILIES = (core, movement, norm, attention)
 
 
 def _merge(table: str) -> dict:
