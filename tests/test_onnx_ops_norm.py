@@ -202,3 +202,54 @@ def test_rotary_embedding(case):
     if pos is not None:
         inputs["pos"] = pos
     check("RotaryEmbedding", 23, attrs, inputs, {}, list(inputs), 1, "ref")
+
+
+# ---- losses -----------------------------------------------------------------------------------------------------
+
+def labels(shape, classes, ignore=None, dtype=np.int64):
+    t = R.integers(0, classes, shape).astype(dtype)
+    if ignore is not None:
+        t.reshape(-1)[::3] = ignore
+    return t
+
+
+LOSS_CASES = [
+    # (id, op, opset, attrs, inputs (scores/log-probs, target[, weight]), number of outputs)
+    ("nll_mean_2d", "NegativeLogLikelihoodLoss", 13, {}, {"x": f32(5, 3), "t": labels((5,), 3)}, 1),
+    ("nll_none_nc1", "NegativeLogLikelihoodLoss", 22, {"reduction": "none"},
+     {"x": f32(1, 1), "t": labels((1,), 1)}, 1),
+    ("nll_sum_weight_spatial", "NegativeLogLikelihoodLoss", 13, {"reduction": "sum"},
+     {"x": f32(2, 5, 3, 7), "t": labels((2, 3, 7), 5, dtype=np.int32), "w": f32(5, lo="pos")}, 1),
+    ("nll_mean_weight_ignore", "NegativeLogLikelihoodLoss", 13, {"ignore_index": 1},
+     {"x": f32(3, 4, 5), "t": labels((3, 5), 4, ignore=1), "w": f32(4, lo="pos")}, 1),
+    ("nll_mean_ignore_negative", "NegativeLogLikelihoodLoss", 12, {"ignore_index": -7},
+     {"x": f32(7, 3, 1), "t": labels((7, 1), 3, ignore=-7)}, 1),
+    ("sce_mean", "SoftmaxCrossEntropyLoss", 13, {}, {"x": f32(5, 7), "t": labels((5,), 7)}, 1),
+    ("sce_none_log_prob", "SoftmaxCrossEntropyLoss", 13, {"reduction": "none"},
+     {"x": f32(2, 3, 5), "t": labels((2, 5), 3)}, 2),
+    ("sce_sum_weight_ignore_log_prob", "SoftmaxCrossEntropyLoss", 12, {"reduction": "sum", "ignore_index": 0},
+     {"x": f32(3, 5, 2, 3), "t": labels((3, 2, 3), 5, ignore=0), "w": f32(5, lo="pos")}, 2),
+    ("sce_mean_weight_f64", "SoftmaxCrossEntropyLoss", 13, {}, {"x": f64(4, 3), "t": labels((4,), 3), "w": f64(3)}, 1),
+    ("sce_mean_ignore_big_shift", "SoftmaxCrossEntropyLoss", 13, {"ignore_index": 2},
+     {"x": f32(5, 3, shift=80.0), "t": labels((5,), 3, ignore=2)}, 1),
+]
+
+
+@pytest.mark.parametrize("case", LOSS_CASES, ids=[c[0] for c in LOSS_CASES])
+def test_loss(case):
+    _, op, opset, attrs, inputs, n_out = case
+    check(op, opset, attrs, inputs, {}, list(inputs), n_out, "ref")
+
+
+def test_loss_target_out_of_range_is_polyc_error():
+    node = helper.make_node("NegativeLogLikelihoodLoss", ["x", "t"], ["y0"], reduction="none")
+    x, t = f32(3, 4), np.array([0, 4, 1], np.int64)
+    model = testing.one_node_model(node, {"x": x, "t": t}, {}, 13)
+    with pytest.raises(polyc.PolycError):
+        polyc.onnx.compile(model).run({"x": x, "t": t})
+
+
+@pytest.mark.parametrize("op", ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"])
+def test_loss_matches_onnxruntime(op):
+    inputs = {"x": f32(3, 5, 7), "t": labels((3, 7), 5, ignore=4), "w": f32(5, lo="pos")}
+    check(op, 13, {"ignore_index": 4}, inputs, {}, list(inputs), 1, "ort")

@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from . import attention, core, movement, norm
+from . import attention, core, loss, movement, norm
 
-FAMILIES = (core, movement, norm, attention)
+FAMILIES = (core, movement, norm, attention, loss)
 
 
 def _merge(table: str) -> dict:
