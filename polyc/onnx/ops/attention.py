@@ -20,7 +20,6 @@ test data was made with).
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
 
 from ..lower import Builder, broadcast_index, lazy, lit, tc_type
 from .common import attr, lowest, zero
@@ -242,6 +241,11 @@ def rotary_embedding(b: Builder, node):
     half = rdim // 2
     if cos_c.shape[-1] != half or sin_c.shape[-1] != half:
         raise b.error(f"the cos/sin caches' last dim must be rotary_embedding_dim/2 = {half}")
+    want = (2 if pos is not None else 3)
+    if len(cos_c.shape) != want or cos_c.shape != sin_c.shape or \
+            (pos is None and tuple(cos_c.shape[:2]) != (x.shape[0], seq)):
+        raise b.error(f"the cos/sin caches {list(cos_c.shape)}, {list(sin_c.shape)} should be "
+                      + ("(max_position, R/2)" if pos is not None else f"({x.shape[0]}, {seq}, R/2)"))
     interleaved = attr(node, "interleaved", 0)
     npos = cos_c.shape[0]
 

@@ -79,42 +79,37 @@ def instance_normalization(b: Builder, node):
     return [lazy(x.shape, t, text)]
 
 
-def _group_normalization(per_channel: bool):
-    def convert(b: Builder, node):
-        x = b.simple(b.input(node, 0))
-        scale, bias = b.input(node, 1), b.input(node, 2)
-        t = x.dtype
-        st = _stash(b, node, t)
-        groups = attr(node, "num_groups")
-        n, c = x.shape[0], x.shape[1]
-        if groups is None or groups <= 0 or c % groups:
-            raise b.error(f"num_groups={groups} does not divide the {c} channels")
-        cg = c // groups
-        eps = lit(attr(node, "epsilon", 1e-5), st)
-        spatial = list(x.shape[2:])
+def group_normalization(b: Builder, node):
+    """GroupNormalization-21: mean and variance per (n, group) over the group's ``C / num_groups`` channels and
+    the spatial dims, in ``stash_type`` precision; scale and bias per channel ``(C,)``.
 
-        def read(idx, red):
-            ch = red[0] if groups == 1 else (idx[1] if cg == 1 else f"{cg}*{idx[1]}+{red[0]}")
-            return _in(x.at([idx[0], ch] + red[1:]), t, st)
-        mu, ss, count = moments(b, (n, groups), [cg] + spatial, read, st)
-        r = b.emit((n, groups), st, lambda idx, red: f"({lit(1.0, st)} / sqrt({ss.at(idx)} / {lit(count, st)} + {eps}))")
+    X ``(N, C, D1..Dk)``. num_groups must divide C (UnsupportedError naming the node otherwise).
+    GroupNormalization-18 (scale and bias per group) is deprecated in onnx >= 1.18, whose checker rejects it,
+    so it never reaches a converter.
+    """
+    x = b.simple(b.input(node, 0))
+    scale, bias = b.input(node, 1), b.input(node, 2)
+    t = x.dtype
+    st = _stash(b, node, t)
+    groups = attr(node, "num_groups")
+    n, c = x.shape[0], x.shape[1]
+    if groups is None or groups <= 0 or c % groups:
+        raise b.error(f"num_groups={groups} does not divide the {c} channels")
+    cg = c // groups
+    eps = lit(attr(node, "epsilon", 1e-5), st)
+    spatial = list(x.shape[2:])
 
-        def text(idx):
-            g = [idx[0], idx[1] if cg == 1 else f"{idx[1]}/{cg}"]
-            norm = _in(f"(({_in(x.at(idx), t, st)} - {mu.at(g)}) * {r.at(g)})", st, t)
-            p = [idx[1]] if per_channel else [g[1]]
-            return f"({norm} * {scale.at(p)} + {bias.at(p)})"
-        return [lazy(x.shape, t, text)]
-    convert.__doc__ = (f"GroupNormalization-{21 if per_channel else 18}: mean and variance per (n, group) over the "
-                       f"group's channels and the spatial dims; scale and bias per "
-                       f"{'channel (C,)' if per_channel else 'group (num_groups,)'}; num_groups must divide C "
-                       "(ShapeError-like UnsupportedError otherwise).")
-    return convert
+    def read(idx, red):
+        ch = red[0] if groups == 1 else (idx[1] if cg == 1 else f"{cg}*{idx[1]}+{red[0]}")
+        return _in(x.at([idx[0], ch] + red[1:]), t, st)
+    mu, ss, count = moments(b, (n, groups), [cg] + spatial, read, st)
+    r = b.emit((n, groups), st, lambda idx, red: f"({lit(1.0, st)} / sqrt({ss.at(idx)} / {lit(count, st)} + {eps}))")
 
-
-#: GroupNormalization-18 (scale and bias per group) is deprecated in onnx >= 1.18, whose checker rejects it;
-#: only the opset-21 form (per channel) can reach a converter.
-group_normalization = _group_normalization(True)
+    def text(idx):
+        g = [idx[0], idx[1] if cg == 1 else f"{idx[1]}/{cg}"]
+        norm = _in(f"(({_in(x.at(idx), t, st)} - {mu.at(g)}) * {r.at(g)})", st, t)
+        return f"({norm} * {scale.at([idx[1]])} + {bias.at([idx[1]])})"
+    return [lazy(x.shape, t, text)]
 
 
 def rms_normalization(b: Builder, node):
