@@ -144,7 +144,7 @@ ATTENTION_CASES = [
     ("past_causal_qk_bias", 23, {"is_causal": 1, "qk_matmul_output_mode": 2},
      {"Q": f32(1, 2, 3, 4), "K": f32(1, 2, 3, 4), "V": f32(1, 2, 3, 4), "attn_mask": b8(3, 5),
       "past_key": f32(1, 2, 2, 4), "past_value": f32(1, 2, 2, 4)}, 4),
-    ("qk_raw", 23, {"softcap": 3.0}, {"Q": f32(1, 1, 3, 2), "K": f32(1, 1, 5, 2), "V": f32(1, 1, 5, 2)}, 4),
+    ("qk_raw", 23, {}, {"Q": f32(1, 1, 3, 2), "K": f32(1, 1, 5, 2), "V": f32(1, 1, 5, 2)}, 4),
     ("qk_softmax_3d_past", 23, {"q_num_heads": 2, "kv_num_heads": 2, "qk_matmul_output_mode": 3},
      {"Q": f32(2, 3, 6), "K": f32(2, 3, 6), "V": f32(2, 3, 4), "attn_mask": None,
       "past_key": f32(2, 2, 1, 3), "past_value": f32(2, 2, 1, 2)}, 4),
@@ -174,6 +174,13 @@ def test_attention(case):
     names = [n if v is not None else "" for n, v in named.items()]
     inputs = {n: v for n, v in named.items() if v is not None}
     check("Attention", opset, attrs, inputs, {}, names, n_out, "ref")
+
+
+def test_attention_qk_output_mode0_is_raw_with_softcap():
+    """Mode 0 returns the raw ``QK^T`` even with softcap, as the spec says and onnxruntime does (onnx's
+    reference implementation returns the softcapped product)."""
+    inputs = {"Q": f32(1, 2, 3, 2) * 3, "K": f32(1, 2, 5, 2) * 3, "V": f32(1, 2, 5, 2)}
+    check("Attention", 23, {"softcap": 1.0}, inputs, {}, list(inputs), 4, "ort")
 
 
 def test_attention_matches_onnxruntime():

@@ -198,7 +198,9 @@ def attention(b: Builder, node):
         y = lazy((bsz, sq, hq * dv), t, y3)
 
     mode = attr(node, "qk_matmul_output_mode", 0)
-    if mode == 0 or mode == 1:
+    if mode == 0:  # the raw product, as the spec and onnxruntime (onnx's reference gives the softcapped one)
+        qk = lazy(full, t, lambda idx: scores.at(idx), cheap=True)
+    elif mode == 1:
         qk = lazy(full, t, capped)
     elif mode == 2:
         def with_bias(idx):
