@@ -73,6 +73,9 @@ NORM_CASES = [
     ("rmsnorm_axis1_eps", "RMSNormalization", 23, {"axis": 1, "epsilon": 1e-2}, {"x": f32(3, 5, 1)},
      {"s": f32(5, 1)}, "ort"),
     ("rmsnorm_axis0_scale_bcast", "RMSNormalization", 23, {"axis": 0}, {"x": f32(2, 3)}, {"s": f32(3)}, "ort"),
+    ("rmsnorm_f64_stash_float", "RMSNormalization", 23, {}, {"x": f64(3, 7)}, {"s": f64(7)}, "ref"),
+    ("groupnorm_f64_stash_float", "GroupNormalization", 21, {"num_groups": 2}, {"x": f64(1, 4, 3)},
+     {"s": f64(4), "b": f64(4)}, "ref"),
     ("mvn_default_axes", "MeanVarianceNormalization", 13, {"axes": [0, 2, 3]},
      {"x": f32(3, 5, 2, 7, shift=10.0)}, {}, "ort"),
     ("mvn_axes_last", "MeanVarianceNormalization", 9, {"axes": [-1]}, {"x": f32(3, 1, 11)}, {}, "ort"),
@@ -111,6 +114,17 @@ def test_groupnorm_large_mean_is_accurate():
     xx = x.astype(np.float64).reshape(2, 3, -1)
     want = ((xx - xx.mean(-1, keepdims=True)) / np.sqrt(xx.var(-1, keepdims=True) + 1e-3)).reshape(x.shape)
     np.testing.assert_allclose(got, want * s[:, None] + b[:, None], rtol=1e-4, atol=2e-5)
+
+
+def test_rmsnorm_stash_double():
+    """stash_type=11 (onnx's reference lacks it): float64 statistics, against numpy."""
+    x, s = f64(2, 1, 5), f64(5)
+    node = helper.make_node("RMSNormalization", ["x", "s"], ["y0"], axis=1, stash_type=11, epsilon=1e-3)
+    model = testing.one_node_model(node, {"x": x}, {"s": s}, 23)
+    got = polyc.onnx.compile(model).run({"x": x})[0]
+    eps = float(np.float32(1e-3))  # the attribute is a float32
+    want = x / np.sqrt((x * x).mean(axis=(1, 2), keepdims=True) + eps) * s
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 def test_groupnorm_bad_groups_is_polyc_error():
