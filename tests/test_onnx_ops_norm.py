@@ -276,3 +276,21 @@ def test_loss_target_out_of_range_is_polyc_error():
 def test_loss_matches_onnxruntime(op):
     inputs = {"x": f32(3, 5, 7), "t": labels((3, 7), 5, ignore=4), "w": f32(5, lo="pos")}
     check(op, 13, {"ignore_index": 4}, inputs, {}, list(inputs), 1, "ort")
+
+
+@pytest.mark.parametrize("op,attrs,inputs,n_in,opset", [
+    ("LpNormalization", {"p": 3}, {"x": f32(2, 3)}, 1, 13),
+    ("Attention", {"softmax_precision": 10}, {"Q": f32(1, 1, 2, 2), "K": f32(1, 1, 2, 2), "V": f32(1, 1, 2, 2)}, 3, 23),
+    ("Attention", {"q_num_heads": 2, "kv_num_heads": 2}, {"Q": f32(1, 2, 4), "K": f32(1, 2, 6), "V": f32(1, 2, 4)},
+     3, 23),  # head sizes 2 (Q) and 3 (K) differ
+    ("RotaryEmbedding", {"rotary_embedding_dim": 3}, {"x": f32(1, 1, 2, 4), "c": f32(2, 1), "s": f32(2, 1),
+                                                      "p": np.array([[0, 1]], np.int64)}, 4, 23),
+])
+def test_unsupported_or_invalid_is_polyc_error(op, attrs, inputs, n_in, opset):
+    node = helper.make_node(op, list(inputs)[:n_in], ["y0"], **attrs)
+    model = testing.one_node_model(node, inputs, {}, opset)
+    if not model.graph.output[0].type.tensor_type.HasField("shape"):
+        del model.graph.output[:]
+        model.graph.output.append(helper.make_tensor_value_info("y0", 1, [1, 1, 2, 4]))
+    with pytest.raises(polyc.PolycError):
+        polyc.onnx.compile(model)
