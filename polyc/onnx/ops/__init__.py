@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from . import core, indexing, logic, movement, reduction, unary
+from . import attention, core, indexing, logic, loss, movement, norm, reduction, unary
 
-FAMILIES = (core, movement, reduction, indexing, logic, unary)
+FAMILIES = (core, movement, reduction, indexing, logic, unary, norm, attention, loss)
 
 
 def _merge(table: str) -> dict:
