@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from . import core, movement
+from . import core, movement, rnn
 
-FAMILIES = (core, movement)
+FAMILIES = (core, movement, rnn)
 
 
 def _merge(table: str) -> dict:
