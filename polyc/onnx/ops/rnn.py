@@ -232,9 +232,10 @@ def expand_recurrent(g: nx.DiGraph, nid: str) -> None:
         h = e.op("Gather", [h0, e.index(k)], axis=state_axis) if h0 else None
         c = e.op("Gather", [c0, e.index(k)], axis=state_axis) if c0 else None
         f_act, g_act = acts[k][0], acts[k][1] if gates > 1 else None
+        rows = [_split_steps(e, xw[j], steps, time_axis, batch, hidden) for j in range(gates)]
         for s in range(steps):
             t = steps - 1 - s if reverse else s
-            z = [e.op("Gather", [xw[j], e.index(t)], axis=time_axis) for j in range(gates)]
+            z = [rows[j][t] for j in range(gates)]
 
             def pre(j):
                 return e.add(z[j], e.op("MatMul", [h, rt[j]]) if h else None)
@@ -280,6 +281,17 @@ def expand_recurrent(g: nx.DiGraph, nid: str) -> None:
     _stack(e, hs, layout, (dirs,), batch, hidden, outputs[1])
     if op == "LSTM":
         _stack(e, cs, layout, (dirs,), batch, hidden, outputs[2])
+
+
+def _split_steps(e: Emitter, xw: str, steps: int, axis: int, batch: int, hidden: int) -> list:
+    """The ``[B, H]`` rows of ``xw`` per time step: one Split along the time ``axis`` (so that every step's
+    kernel reads a tensor of its own and identical steps give identical TC text), each piece reshaped."""
+    if steps == 1:
+        return [e.op("Reshape", [xw, e.index([batch, hidden])])]
+    opset = e.g.graph["opset"]
+    pieces = [e.name("step") for _ in range(steps)]
+    e.op("Split", [xw], outputs=pieces, axis=axis, **({"num_outputs": steps} if opset >= 18 else {}))
+    return [e.op("Reshape", [p, e.index([batch, hidden])]) for p in pieces]
 
 
 def _stack(e: Emitter, pieces: list, layout: int, dims: tuple, batch: int, hidden: int, out: str) -> None:
