@@ -29,7 +29,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import ShapeError, UnsupportedError
-from .graph import TensorInfo, _attr_value, add_op, copy_graph, remove_op, set_constant, to_model, topo_order
+from .graph import TensorInfo, _attr_value, connect, copy_graph, remove_op, set_constant, to_model, topo_order
 from .load import infer_shapes
 from .ops.rnn import RECURRENT, Emitter, expand_recurrent
 
@@ -74,6 +74,7 @@ def lower_control_flow(g: nx.DiGraph) -> nx.DiGraph:
             expand_recurrent(g, nid)
             continue
         {"If": _inline_if, "Loop": _unroll_loop, "Scan": _unroll_scan}[d["op"]](g, nid)
+        connect(g)
         _refresh_shapes(g)
     _refresh_shapes(g)
     return g
@@ -154,10 +155,9 @@ def _inline(g: nx.DiGraph, e: Emitter, owner: str, body: onnx.GraphProto, bound:
                 raise UnsupportedError(f"{err.message} on node {node.name or node.op_type} in a subgraph of "
                                        f"node {owner}") from err
             attrs[a.name] = _rename_free(value, mapping) if isinstance(value, onnx.GraphProto) else value
-        nid = add_op(g, f"{owner}/{node.name or node.op_type}{tag}", node.op_type,
-                     [mapping.get(t, t) if t else "" for t in node.input],
-                     [mapping[t] if t else "" for t in node.output], attrs, order=e._next_order())
-        g.nodes[nid]["domain"] = node.domain
+        e.node(node.op_type, [mapping.get(t, t) if t else "" for t in node.input],
+               [mapping[t] if t else "" for t in node.output], attrs,
+               base=f"{owner}/{node.name or node.op_type}{tag}", domain=node.domain)
     return [mapping.get(o.name, o.name) for o in body.output]
 
 
@@ -214,11 +214,7 @@ def _unsqueeze(g: nx.DiGraph, e: Emitter, x: str, axis: int) -> str:
 
 def _stack(g: nx.DiGraph, e: Emitter, pieces: list, axis: int, out: str | None = None) -> str:
     """``pieces`` stacked along a new ``axis`` (Unsqueeze each, then one Concat)."""
-    parts = [_unsqueeze(g, e, p, axis) for p in pieces]
-    outputs = [out] if out else None
-    if len(parts) == 1:
-        return e.op("Identity", parts, outputs=outputs)
-    return e.op("Concat", parts, outputs=outputs, axis=axis)
+    return e.concat([_unsqueeze(g, e, p, axis) for p in pieces], axis, [out] if out else None)
 
 
 def _loop_condition_passes_through(body: onnx.GraphProto) -> bool:

@@ -29,9 +29,11 @@ import networkx as nx
 import numpy as np
 
 from ...errors import ShapeError, UnsupportedError
-from ..graph import add_op, remove_op, set_constant
+from ..graph import connect, remove_op, set_constant
 
 RECURRENT = ("LSTM", "GRU", "RNN")
+#: The most inputs of one emitted Concat.
+CONCAT_WIDTH = 32
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _DEFAULT_ACTS = {"LSTM": ("sigmoid", "tanh", "tanh"), "GRU": ("sigmoid", "tanh"), "RNN": ("tanh",)}
 #: activation -> (default alpha, default beta); None: the activation takes no such parameter.
@@ -41,7 +43,8 @@ ACTIVATIONS = {"relu": (None, None), "tanh": (None, None), "sigmoid": (None, Non
 
 
 class Emitter:
-    """Adds nodes and constants to ``g`` (edited in place) for the rewrite of node ``nid``.
+    """Adds nodes and constants to ``g`` (edited in place) for the rewrite of node ``nid``; call
+    :meth:`finish` at the end.
 
     Node ids are ``<nid>/<op>``, tensor names ``<nid>/<hint>`` (made unique), orders fall between ``nid``'s
     order and the next integer so the rewrite stays where the node was.
@@ -51,18 +54,41 @@ class Emitter:
         self.g, self.nid, self.dtype = g, nid, np.dtype(dtype)
         self.order, self.count = order, 0
         self.taken: set = set()
+        self.counters: dict = {}
 
     def _next_order(self):
         self.count += 1
         return self.order + self.count * 1e-6
 
-    def name(self, hint: str) -> str:
-        base, k, name = f"{self.nid}/{hint}", 0, f"{self.nid}/{hint}"
-        while name in self.taken or name in self.g.graph["tensors"] or name in self.g.graph["producer"]:
+    def _unique(self, base: str, used) -> str:
+        k = self.counters.get(base, 0)
+        name = base if k == 0 else f"{base}_{k}"
+        while name in self.taken or used(name):
             k += 1
             name = f"{base}_{k}"
+        self.counters[base] = k + 1
         self.taken.add(name)
         return name
+
+    def name(self, hint: str) -> str:
+        """A fresh tensor name ``<node>/<hint>``."""
+        return self._unique(f"{self.nid}/{hint}",
+                            lambda n: n in self.g.graph["tensors"] or n in self.g.graph["producer"])
+
+    def node(self, op: str, inputs, outputs, attrs: dict, base: str | None = None, domain: str = "") -> str:
+        """Add a node (a fresh id from ``base``, default ``<node>/<op>``); its edges are made by
+        :func:`~polyc.onnx.graph.connect` once the rewrite is done (:meth:`finish`)."""
+        nid = self._unique(base or f"{self.nid}/{op}", lambda n: n in self.g)
+        self.g.add_node(nid, op=op, inputs=tuple(inputs), outputs=tuple(outputs), attrs=dict(attrs),
+                        order=self._next_order(), domain=domain)
+        for t in outputs:
+            if t:
+                self.g.graph["producer"][t] = nid
+        return nid
+
+    def finish(self) -> None:
+        """Recompute the graph's edges (after the nodes are added)."""
+        connect(self.g)
 
     def const(self, value, dtype=None, hint: str = "const") -> str:
         """A new constant tensor (``dtype`` default: the emitter's float type)."""
@@ -77,7 +103,7 @@ class Emitter:
         """Add node ``op``; returns its output name (a list when ``outputs`` is a list of several)."""
         if outputs is None:
             outputs = [self.name(hint or op.lower())]
-        add_op(self.g, f"{self.nid}/{op}", op, list(inputs), list(outputs), attrs, order=self._next_order())
+        self.node(op, list(inputs), list(outputs), attrs)
         return outputs[0] if len(outputs) == 1 else list(outputs)
 
     def add(self, a, b):
@@ -85,6 +111,16 @@ class Emitter:
 
     def mul(self, a, b):
         return self.op("Mul", [a, b])
+
+    def concat(self, parts: list, axis: int, outputs=None) -> str:
+        """``Concat`` of ``parts`` along ``axis``, as a tree of Concats of at most :data:`CONCAT_WIDTH` inputs
+        (a Concat's TC expression nests one ``?:`` per input)."""
+        while len(parts) > CONCAT_WIDTH:
+            parts = [self.op("Concat", parts[k:k + CONCAT_WIDTH], axis=axis) if len(parts[k:k + CONCAT_WIDTH]) > 1
+                     else parts[k] for k in range(0, len(parts), CONCAT_WIDTH)]
+        if len(parts) == 1:
+            return self.op("Identity", parts, outputs=outputs)
+        return self.op("Concat", parts, outputs=outputs, axis=axis)
 
     def scalar(self, v) -> str:
         return self.const(np.asarray(v, dtype=self.dtype), hint="scalar")
@@ -281,6 +317,7 @@ def expand_recurrent(g: nx.DiGraph, nid: str) -> None:
     _stack(e, hs, layout, (dirs,), batch, hidden, outputs[1])
     if op == "LSTM":
         _stack(e, cs, layout, (dirs,), batch, hidden, outputs[2])
+    e.finish()
 
 
 def _split_steps(e: Emitter, xw: str, steps: int, axis: int, batch: int, hidden: int) -> list:
@@ -302,7 +339,7 @@ def _stack(e: Emitter, pieces: list, layout: int, dims: tuple, batch: int, hidde
     axis = 0 if layout == 0 else 1
     piece_shape = [1, batch, hidden] if layout == 0 else [batch, 1, hidden]
     pieces = [e.op("Reshape", [p, e.index(piece_shape)]) for p in pieces]
-    joined = pieces[0] if len(pieces) == 1 else e.op("Concat", pieces, axis=axis)
+    joined = pieces[0] if len(pieces) == 1 else e.concat(pieces, axis)
     shape = list(dims) + [batch, hidden] if layout == 0 else [batch] + list(dims) + [hidden]
     e.op("Reshape", [joined, e.index(shape)], outputs=[out])
 
