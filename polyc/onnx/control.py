@@ -31,7 +31,7 @@ from onnx import numpy_helper
 from ..errors import ShapeError, UnsupportedError
 from .graph import TensorInfo, _attr_value, connect, copy_graph, remove_op, set_constant, to_model, topo_order
 from .load import infer_shapes
-from .ops.rnn import RECURRENT, Emitter, expand_recurrent
+from .ops.rnn import KNOWN_ATTRS, RECURRENT, Emitter, expand_recurrent
 
 CONTROL = ("If", "Loop", "Scan") + RECURRENT
 
@@ -66,6 +66,9 @@ def lower_control_flow(g: nx.DiGraph) -> nx.DiGraph:
         if nid is None:
             break
         d = g.nodes[nid]
+        unknown = sorted(set(d["attrs"]) - KNOWN_ATTRS[d["op"]])
+        if unknown:
+            raise UnsupportedError(f"unsupported attribute(s) {', '.join(unknown)} on node {nid} ({d['op']})")
         if any(t not in g.graph["constants"] for t in _needed_constants(d)) and not folded:
             g, folded = fold_constants(g), True
             continue

@@ -236,8 +236,14 @@ def expand_recurrent(g: nx.DiGraph, nid: str) -> None:
     dirs = 2 if direction == "bidirectional" else 1
     gates = _GATES[op]
     hidden = int(a.get("hidden_size", rs[2]))
-    if rs != (dirs, gates * hidden, hidden):
-        raise ShapeError(f"node {nid} ({op}): R has shape {list(rs)}, expected {[dirs, gates * hidden, hidden]}")
+    state = (dirs, batch, hidden) if layout == 0 else (batch, dirs, hidden)
+    expected = {"W": (w, (dirs, gates * hidden, xs[2])), "R": (r, (dirs, gates * hidden, hidden)),
+                "B": (bias, (dirs, 2 * gates * hidden)), "initial_h": (h0, state), "initial_c": (c0, state),
+                "P": (peep, (dirs, 3 * hidden))}
+    for what, (name, shape) in expected.items():
+        if name and _static_shape(g, nid, d, name, what) != shape:
+            raise ShapeError(f"node {nid} ({op}): input {what} ({name!r}) has shape "
+                             f"{list(_static_shape(g, nid, d, name, what))}, expected {list(shape)}")
     dtype = g.graph["tensors"][x].dtype
     acts = _activations(nid, d, dirs)
     clip = a.get("clip")
