@@ -254,15 +254,35 @@ def test_loop_without_condition_and_nested_if():
     _check(model, {"x": np.array([0.5, -1.0, 2.0], np.float32), "acc0": np.array([1.0, 2.0, 3.0], np.float32)})
 
 
+def _counting_body(stop):
+    """A while-loop body: ``cond_out = iter < stop`` (a condition that folds once iter is a constant)."""
+    body = _loop_body([2], scan=True)
+    body.node[3].CopyFrom(helper.make_node("Less", ["i", "stop"], ["cond_out"]))
+    body.initializer.append(numpy_helper.from_array(np.array(stop, np.int64), "stop"))
+    return body
+
+
+@pytest.mark.parametrize("trips, stop", [(5, 2), (3, 10), (None, 0), (None, 4)])
+def test_loop_whose_condition_folds_is_unrolled_until_false(trips, stop):
+    nodes = [helper.make_node("Loop", ["M" if trips else "", "cond", "acc0"], ["acc", "seen"], body=_counting_body(stop))]
+    inits = [numpy_helper.from_array(np.array(True), "cond")]
+    if trips:
+        inits.append(numpy_helper.from_array(np.array(trips, np.int64), "M"))
+    n = min(trips or 10**6, stop + 1)
+    model = _model(nodes, [_vi("x", [2]), _vi("acc0", [2])], [_vi("acc", [2]), _vi("seen", [n, 2])], inits)
+    _check(model, {"x": np.array([0.5, -1.0], np.float32), "acc0": np.array([1.0, 2.0], np.float32)})
+
+
 def test_loop_with_dynamic_trip_count_or_condition_is_unsupported():
     nodes = [helper.make_node("Loop", ["M", "cond", "acc0"], ["acc"], name="dyn", body=_loop_body([2], scan=False))]
     model = _model(nodes, [_vi("x", [2]), _vi("acc0", [2]), _vi("M", [], TensorProto.INT64)], [_vi("acc", [2])],
                    [numpy_helper.from_array(np.array(True), "cond")])
     with pytest.raises(UnsupportedError, match=r"dyn \(Loop\).*trip count"):
         polyc.onnx.compile(model)
-    body = _loop_body([2], scan=False)
-    body.node[3].CopyFrom(helper.make_node("Less", ["i", "three"], ["cond_out"]))
-    body.initializer.append(numpy_helper.from_array(np.array(3, np.int64), "three"))
+    body = _loop_body([2], scan=False)  # cond_out = sum(acc) < 3: known only at run time
+    body.node[3].CopyFrom(helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0))
+    body.node.append(helper.make_node("Less", ["total", "three"], ["cond_out"]))
+    body.initializer.append(numpy_helper.from_array(np.float32(3.0).reshape(()), "three"))
     nodes = [helper.make_node("Loop", ["M", "cond", "acc0"], ["acc"], name="dyn", body=body)]
     model = _model(nodes, [_vi("x", [2]), _vi("acc0", [2])], [_vi("acc", [2])],
                    [numpy_helper.from_array(np.array(True), "cond"), numpy_helper.from_array(np.array(5, np.int64), "M")])

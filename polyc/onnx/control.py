@@ -3,9 +3,10 @@
 :func:`lower_control_flow` rewrites, until none is left:
 
 - ``If`` whose ``cond`` is a compile-time constant: replaced by the nodes of the chosen branch;
-- ``Loop`` with a constant trip count ``M`` and a constant (or absent) ``cond`` whose body passes its
-  condition through unchanged: the body inlined once per iteration (``iter_num`` a constant), scan outputs
-  stacked with Unsqueeze + Concat;
+- ``Loop`` with a constant trip count ``M`` and a constant (or absent) ``cond``: the body inlined once per
+  iteration (``iter_num`` a constant), scan outputs stacked with Unsqueeze + Concat. A body that computes
+  its condition (rather than passing it through) is unrolled while that condition folds to a compile-time
+  true (at most ``M``, or :data:`MAX_UNROLL`, iterations);
 - ``Scan`` (opset 8 with its batch axis and without ``sequence_lens``, opset 9+): the body inlined once per
   position of the static scan axis, the scan inputs read with Gather (honouring ``scan_input_axes`` /
   ``directions``), scan outputs stacked along ``scan_output_axes`` (reversed where asked);
@@ -235,41 +236,82 @@ def _loop_condition_passes_through(body: onnx.GraphProto) -> bool:
     return init is not None and bool(np.all(numpy_helper.to_array(init)))
 
 
+#: The most iterations of a Loop without a trip count whose condition folds to false at compile time.
+MAX_UNROLL = 4096
+
+
+def _constant_value(g: nx.DiGraph, name: str, memo: dict):
+    """The compile-time value of tensor ``name`` (evaluating its producers whose inputs are all known with
+    onnx's reference evaluator), or None when it depends on a graph input."""
+    from .passes import evaluate_node  # passes imports this module
+
+    if name in g.graph["constants"]:
+        return g.graph["constants"][name]
+    if name in memo:
+        return memo[name]
+    memo[name] = None
+    p = g.graph["producer"].get(name)
+    if p is None:
+        return None
+    d = g.nodes[p]
+    if d["op"] in CONTROL or d.get("domain", "") not in ("", "ai.onnx"):
+        return None
+    values = [_constant_value(g, t, memo) if t else None for t in d["inputs"]]
+    if any(v is None for t, v in zip(d["inputs"], values) if t):
+        return None
+    try:
+        results = evaluate_node(d, values, g.graph["opset"])
+    except Exception:  # the reference evaluator rejects the node: not a constant
+        return None
+    for t, v in zip(d["outputs"], results):
+        memo[t] = v
+    return memo[name]
+
+
 def _unroll_loop(g: nx.DiGraph, nid: str) -> None:
     d = g.nodes[nid]
     ins = list(d["inputs"]) + ["", ""]
     trip, cond = ins[0], ins[1]
     body = d["attrs"]["body"]
     consts = g.graph["constants"]
-    if not trip or trip not in consts:
-        raise UnsupportedError(f"node {nid} (Loop): the trip count M is absent or not a compile-time constant "
+    if trip and trip not in consts:
+        raise UnsupportedError(f"node {nid} (Loop): the trip count M is not a compile-time constant "
                                "(only loops with a static trip count are unrolled)")
     if cond and cond not in consts:
         raise UnsupportedError(f"node {nid} (Loop): the initial condition {cond!r} is not a compile-time constant")
-    count = int(np.asarray(consts[trip]).reshape(-1)[0])
+    passes_through = _loop_condition_passes_through(body)
+    if not trip and passes_through:
+        raise UnsupportedError(f"node {nid} (Loop): no trip count and a condition that never changes "
+                               "(an infinite loop)")
+    count = int(np.asarray(consts[trip]).reshape(-1)[0]) if trip else MAX_UNROLL + 1
     if cond and not bool(np.asarray(consts[cond]).reshape(-1)[0]):
         count = 0
     carried = list(d["inputs"][2:])
     n_scan = len(body.output) - 1 - len(carried)
-    if count > 0 and not _loop_condition_passes_through(body):
-        raise UnsupportedError(f"node {nid} (Loop): the body computes its own condition (a data-dependent trip "
-                               "count is not supported)")
-    if count <= 0 and n_scan > 0:
-        raise UnsupportedError(f"node {nid} (Loop): zero iterations give zero-size scan outputs")
     d, e = _start(g, nid)
     outs = list(d["outputs"])
-    values, scans = carried, [[] for _ in range(n_scan)]
+    values, scans, memo = carried, [[] for _ in range(n_scan)], {}
     for i in range(count):
+        if i == MAX_UNROLL:
+            raise UnsupportedError(f"node {nid} (Loop): the condition is still true after {MAX_UNROLL} "
+                                   "iterations (unrolled loops are limited to that)")
         bound = {body.input[0].name: e.const(np.array(i, np.int64), np.int64, "iter"),
                  body.input[1].name: e.const(np.array(True), np.bool_, "cond")}
         bound.update({vi.name: v for vi, v in zip(body.input[2:], values)})
-        fixed = {}
-        if i == count - 1:
-            fixed = _fixed_outputs(body, [""] + outs[:len(carried)])
+        fixed = _fixed_outputs(body, [""] + outs[:len(carried)]) if passes_through and i == count - 1 else {}
         results = _inline(g, e, nid, body, bound, fixed, f"#{i}")
         values = results[1:1 + len(carried)]
         for k in range(n_scan):
             scans[k].append(results[1 + len(carried) + k])
+        if not passes_through:
+            flag = _constant_value(g, results[0], memo)
+            if flag is None:
+                raise UnsupportedError(f"node {nid} (Loop): the body computes its condition from values known "
+                                       "only at run time (a data-dependent trip count is not supported)")
+            if not bool(np.asarray(flag).reshape(-1)[0]):
+                break
+    if n_scan and not scans[0]:
+        raise UnsupportedError(f"node {nid} (Loop): zero iterations give zero-size scan outputs")
     for src, out in zip(values, outs[:len(carried)]):
         _finish(g, e, src, out)
     for k, out in enumerate(outs[len(carried):]):
