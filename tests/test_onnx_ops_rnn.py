@@ -86,6 +86,7 @@ RECURRENT_CASES = [
     ("lstm_nobias_only_yh", "LSTM", 4, 1, 3, 5, dict(bias=False, outputs=("Y_h",))),
     ("lstm_seq_lens_bidir", "LSTM", 5, 3, 2, 3, dict(direction="bidirectional", seq=[5, 2, 3], init_h=True,
                                                      init_c=True, peep=True)),
+    ("lstm_short_lens_bidir", "LSTM", 5, 2, 3, 3, dict(direction="bidirectional", seq=[2, 3])),
     ("lstm_clip_input_forget", "LSTM", 3, 2, 3, 4, dict(clip=0.4, input_forget=1)),
     ("lstm_activations", "LSTM", 3, 2, 3, 4, dict(
         direction="bidirectional", activations=["HardSigmoid", "Tanh", "Relu", "Sigmoid", "Softsign", "Elu"],
@@ -95,6 +96,7 @@ RECURRENT_CASES = [
     ("gru_seq1_lbr", "GRU", 1, 2, 3, 5, dict(linear_before_reset=1, init_h=True)),
     ("gru_reverse_lbr_nobias", "GRU", 3, 2, 5, 4, dict(direction="reverse", linear_before_reset=1, bias=False)),
     ("gru_bidir_seq_lens", "GRU", 5, 3, 2, 3, dict(direction="bidirectional", seq=[1, 5, 4], init_h=True)),
+    ("gru_short_lens_reverse", "GRU", 4, 2, 3, 5, dict(direction="reverse", seq=[1, 2], init_h=True)),
     ("gru_clip_activations", "GRU", 3, 2, 3, 4, dict(clip=0.5, activations=["Sigmoid", "ScaledTanh"],
                                                      activation_alpha=[1.5], activation_beta=[0.7])),
     ("rnn_fwd", "RNN", 5, 3, 4, 7, {}),

@@ -278,6 +278,9 @@ def expand_recurrent(g: nx.DiGraph, nid: str) -> None:
         for s in range(steps):
             t = steps - 1 - s if reverse else s
             z = [rows[j][t] for j in range(gates)]
+            if masks is not None and not masks[t].any():  # past every length: the state is kept, Y is 0
+                ys[t, k] = e.const(np.zeros((batch, hidden)), hint="zeros")
+                continue
 
             def pre(j):
                 return e.add(z[j], e.op("MatMul", [h, rt[j]]) if h else None)
@@ -306,7 +309,7 @@ def expand_recurrent(g: nx.DiGraph, nid: str) -> None:
                 c_new = e.add(e.mul(it, ct), e.mul(ft, c) if c else None)
                 ot = activate(e, f_act, e.add(pre(1), e.mul(p[1], c_new) if p else None), clip)
                 h_new = e.mul(ot, activate(e, acts[k][2], c_new, None))
-            if masks is not None:
+            if masks is not None and not masks[t].all():
                 m, keep = e.const(masks[t], hint="mask"), e.const(1 - masks[t], hint="keep")
                 y = e.mul(h_new, m)
                 h = e.add(y, e.mul(h, keep) if h else None)
@@ -317,7 +320,8 @@ def expand_recurrent(g: nx.DiGraph, nid: str) -> None:
                 c = c_new if c_new is not None else c
             ys[t, k] = y
         hs.append(h if h else e.const(np.zeros((batch, hidden)), hint="zeros"))
-        cs.append(c if c else e.const(np.zeros((batch, hidden)), hint="zeros"))
+        if op == "LSTM":
+            cs.append(c if c else e.const(np.zeros((batch, hidden)), hint="zeros"))
     _stack(e, [ys[t, k] for t in range(steps) for k in range(dirs)], layout, (steps, dirs), batch, hidden,
            outputs[0])
     _stack(e, hs, layout, (dirs,), batch, hidden, outputs[1])
