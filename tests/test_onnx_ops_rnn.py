@@ -336,3 +336,24 @@ def test_sequence_typed_branch_is_unsupported():
                    [numpy_helper.from_array(np.array(True), "c"), numpy_helper.from_array(np.array(0, np.int64), "zero")])
     with pytest.raises(UnsupportedError, match=r"seqif"):
         polyc.onnx.compile(model)
+
+
+def test_stacked_bidirectional_lstms_as_exported_by_frameworks():
+    # LSTM -> Transpose/Reshape (Y [T, 2, B, H] -> [T, B, 2H]) -> LSTM -> Squeeze, weights as initializers
+    rng = np.random.default_rng(5)
+    t, b, i, h = 4, 3, 5, 6
+
+    def w(*shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.4).astype(np.float32))
+    inits = [w(2, 4 * h, i), w(2, 4 * h, h), w(2, 8 * h), w(1, 4 * h, 2 * h), w(1, 4 * h, h), w(1, 8 * h)]
+    for init, name in zip(inits, ["W1", "R1", "B1", "W2", "R2", "B2"]):
+        init.name = name
+    inits.append(numpy_helper.from_array(np.array([t, b, 2 * h], np.int64), "shape"))
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "axes"))
+    nodes = [helper.make_node("LSTM", ["x", "W1", "R1", "B1"], ["y1"], hidden_size=h, direction="bidirectional"),
+             helper.make_node("Transpose", ["y1"], ["y1t"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["y1t", "shape"], ["x2"]),
+             helper.make_node("LSTM", ["x2", "W2", "R2", "B2"], ["y2", "h2"], hidden_size=h),
+             helper.make_node("Squeeze", ["y2", "axes"], ["out"])]
+    model = _model(nodes, [_vi("x", [t, b, i])], [_vi("out", [t, b, h]), _vi("h2", [1, b, h])], inits)
+    _check(model, {"x": rng.standard_normal((t, b, i)).astype(np.float32)})
