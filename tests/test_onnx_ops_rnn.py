@@ -281,6 +281,11 @@ def test_loop_with_dynamic_trip_count_or_condition_is_unsupported():
                    [numpy_helper.from_array(np.array(True), "cond")])
     with pytest.raises(UnsupportedError, match=r"dyn \(Loop\).*trip count"):
         polyc.onnx.compile(model)
+    model = _model(nodes, [_vi("x", [2]), _vi("acc0", [2])], [_vi("acc", [2])],
+                   [numpy_helper.from_array(np.array(True), "cond"),
+                    numpy_helper.from_array(np.array(10**9, np.int64), "M")])
+    with pytest.raises(UnsupportedError, match=r"dyn \(Loop\).*limited"):
+        polyc.onnx.compile(model)
     body = _loop_body([2], scan=False)  # cond_out = sum(acc) < 3: known only at run time
     body.node[3].CopyFrom(helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0))
     body.node.append(helper.make_node("Less", ["total", "three"], ["cond_out"]))

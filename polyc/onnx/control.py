@@ -286,6 +286,9 @@ def _unroll_loop(g: nx.DiGraph, nid: str) -> None:
     count = int(np.asarray(consts[trip]).reshape(-1)[0]) if trip else MAX_UNROLL + 1
     if cond and not bool(np.asarray(consts[cond]).reshape(-1)[0]):
         count = 0
+    if passes_through and count > MAX_UNROLL:
+        raise UnsupportedError(f"node {nid} (Loop): {count} iterations; unrolled loops are limited to "
+                               f"{MAX_UNROLL}")
     carried = list(d["inputs"][2:])
     n_scan = len(body.output) - 1 - len(carried)
     d, e = _start(g, nid)
@@ -334,8 +337,9 @@ def _scan_once(g, e, nid, body, states, xs, in_axes, in_dirs, out_axes, out_dirs
         raise ShapeError(f"node {nid} (Scan): the scan inputs have different sequence lengths {sorted(lengths)}")
     length = lengths.pop()
     n_scan_out = len(body.output) - len(states)
-    if length == 0:
-        raise UnsupportedError(f"node {nid} (Scan): a zero-length scan is not supported")
+    if length == 0 or length > MAX_UNROLL:
+        raise UnsupportedError(f"node {nid} (Scan): a scan of length {length} (unrolled scans have 1 to "
+                               f"{MAX_UNROLL} steps)")
     values, scans = list(states), [[] for _ in range(n_scan_out)]
     for t in range(length):
         bound = {vi.name: v for vi, v in zip(body.input, values)}
