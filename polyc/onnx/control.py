@@ -31,7 +31,7 @@ from onnx import numpy_helper
 
 from ..errors import ShapeError, UnsupportedError
 from .graph import TensorInfo, _attr_value, connect, copy_graph, remove_op, set_constant, to_model, topo_order
-from .load import infer_shapes
+from .load import ModelError, infer_shapes
 from .ops.rnn import KNOWN_ATTRS, RECURRENT, Emitter, expand_recurrent
 
 CONTROL = ("If", "Loop", "Scan") + RECURRENT
@@ -145,7 +145,12 @@ def _inline(g: nx.DiGraph, e: Emitter, owner: str, body: onnx.GraphProto, bound:
     mapping = dict(bound)
     for init in body.initializer:
         mapping[init.name] = e.name(init.name + tag)
-        set_constant(g, mapping[init.name], numpy_helper.to_array(init))
+        try:
+            value = numpy_helper.to_array(init)
+        except Exception as err:  # a wrong raw_data size, an unknown data type ...
+            raise ModelError(f"initializer {init.name!r} of a subgraph of node {owner} cannot be read: "
+                             f"{type(err).__name__}: {err}") from err
+        set_constant(g, mapping[init.name], value)
     for node in body.node:
         for o in node.output:
             if o:
@@ -279,6 +284,8 @@ def _unroll_loop(g: nx.DiGraph, nid: str) -> None:
                                "(only loops with a static trip count are unrolled)")
     if cond and cond not in consts:
         raise UnsupportedError(f"node {nid} (Loop): the initial condition {cond!r} is not a compile-time constant")
+    if len(body.input) < 2 or not body.output:
+        raise ShapeError(f"node {nid} (Loop): the body needs inputs (iter_num, cond, ...) and a cond output")
     passes_through = _loop_condition_passes_through(body)
     if not trip and passes_through:
         raise UnsupportedError(f"node {nid} (Loop): no trip count and a condition that never changes "
@@ -291,6 +298,9 @@ def _unroll_loop(g: nx.DiGraph, nid: str) -> None:
                                f"{MAX_UNROLL}")
     carried = list(d["inputs"][2:])
     n_scan = len(body.output) - 1 - len(carried)
+    if len(body.input) != 2 + len(carried) or n_scan < 0:
+        raise ShapeError(f"node {nid} (Loop): the body has {len(body.input)} inputs and {len(body.output)} "
+                         f"outputs for {len(carried)} loop-carried values")
     d, e = _start(g, nid)
     outs = list(d["outputs"])
     values, scans, memo = carried, [[] for _ in range(n_scan)], {}
@@ -378,10 +388,16 @@ def _unroll_scan(g: nx.DiGraph, nid: str) -> None:
         ins = ins[1:]
     states, xs = ins[:len(ins) - m], ins[len(ins) - m:]
     n_out = len(body.output) - len(states)
+    if not 0 < m <= len(ins) or len(body.input) != len(ins) or n_out < 0:
+        raise ShapeError(f"node {nid} (Scan): {len(ins)} inputs with num_scan_inputs={m} do not match a body of "
+                         f"{len(body.input)} inputs and {len(body.output)} outputs")
     in_axes = list(a.get("scan_input_axes", [0] * m))
     in_dirs = list(a.get("scan_input_directions", a.get("directions", [0] * m)))
     out_axes = list(a.get("scan_output_axes", [0] * n_out))
     out_dirs = list(a.get("scan_output_directions", [0] * n_out))
+    if (len(in_axes), len(in_dirs), len(out_axes), len(out_dirs)) != (m, m, n_out, n_out):
+        raise ShapeError(f"node {nid} (Scan): the axes/directions attributes do not match {m} scan inputs and "
+                         f"{n_out} scan outputs")
     outs = list(d["outputs"]) + [""] * (len(body.output) - len(d["outputs"]))
     if not opset8:
         d, e = _start(g, nid)
