@@ -7,7 +7,6 @@ Control flow cases are small models built with onnx.helper; the unsupported form
 UnsupportedError naming the node.
 """
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -266,7 +265,8 @@ def _counting_body(stop):
 
 @pytest.mark.parametrize("trips, stop", [(5, 2), (3, 10), (None, 0), (None, 4)])
 def test_loop_whose_condition_folds_is_unrolled_until_false(trips, stop):
-    nodes = [helper.make_node("Loop", ["M" if trips else "", "cond", "acc0"], ["acc", "seen"], body=_counting_body(stop))]
+    nodes = [helper.make_node("Loop", ["M" if trips else "", "cond", "acc0"], ["acc", "seen"],
+                              body=_counting_body(stop))]
     inits = [numpy_helper.from_array(np.array(True), "cond")]
     if trips:
         inits.append(numpy_helper.from_array(np.array(trips, np.int64), "M"))
@@ -292,7 +292,8 @@ def test_loop_with_dynamic_trip_count_or_condition_is_unsupported():
     body.initializer.append(numpy_helper.from_array(np.float32(3.0).reshape(()), "three"))
     nodes = [helper.make_node("Loop", ["M", "cond", "acc0"], ["acc"], name="dyn", body=body)]
     model = _model(nodes, [_vi("x", [2]), _vi("acc0", [2])], [_vi("acc", [2])],
-                   [numpy_helper.from_array(np.array(True), "cond"), numpy_helper.from_array(np.array(5, np.int64), "M")])
+                   [numpy_helper.from_array(np.array(True), "cond"),
+                    numpy_helper.from_array(np.array(5, np.int64), "M")])
     with pytest.raises(UnsupportedError, match=r"dyn \(Loop\).*condition"):
         polyc.onnx.compile(model)
 
@@ -338,7 +339,8 @@ def test_sequence_typed_branch_is_unsupported():
     nodes = [helper.make_node("If", ["c"], ["seq"], name="seqif", then_branch=then_b, else_branch=else_b),
              helper.make_node("SequenceAt", ["seq", "zero"], ["y"])]
     model = _model(nodes, [_vi("x", [2])], [_vi("y", [2])],
-                   [numpy_helper.from_array(np.array(True), "c"), numpy_helper.from_array(np.array(0, np.int64), "zero")])
+                   [numpy_helper.from_array(np.array(True), "c"),
+                    numpy_helper.from_array(np.array(0, np.int64), "zero")])
     with pytest.raises(UnsupportedError, match=r"seqif"):
         polyc.onnx.compile(model)
 
