@@ -3,7 +3,8 @@
 Node ids are unique strings (the ONNX node name, or ``Op_<index>`` when it has none). Each node carries
 
 - ``op``: the ONNX op type; ``inputs`` / ``outputs``: tuples of tensor names ("" for an absent optional);
-- ``attrs``: a dict of Python values (ints, floats, bytes, lists; tensor attributes as numpy arrays);
+- ``attrs``: a dict of Python values (ints, floats, bytes, lists; tensor attributes as numpy arrays; subgraph
+  attributes of control-flow ops as :class:`onnx.GraphProto`, inlined by :mod:`polyc.onnx.control`);
 - ``order``: its position in the original model, used to break ties in topological order.
 
 An edge ``u -> v`` carries ``tensors``: the set of tensor names ``u`` writes and ``v`` reads. The graph-level
@@ -63,8 +64,10 @@ def _info(vi: onnx.ValueInfoProto) -> TensorInfo:
 
 
 def _attr_value(a: onnx.AttributeProto):
-    if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-        raise UnsupportedError(f"subgraph attribute {a.name!r} (control flow) is not supported")
+    if a.type == onnx.AttributeProto.GRAPH:  # a control-flow body: polyc.onnx.control inlines or rejects it
+        return a.g
+    if a.type == onnx.AttributeProto.GRAPHS:
+        raise UnsupportedError(f"subgraph list attribute {a.name!r} is not supported")
     if a.type == onnx.AttributeProto.TENSOR:
         return numpy_helper.to_array(a.t)
     if a.type == onnx.AttributeProto.SPARSE_TENSOR:

@@ -16,6 +16,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from ..errors import CompileError, ShapeError, UnsupportedError
+from .control import lower_control_flow
 from .graph import (TensorInfo, export_attr, add_op, connect, consumers, copy_graph, fresh_name, producer,
                     remove_op, replace_uses, set_constant, to_model, topo_order)
 from .load import infer_shapes
@@ -480,6 +481,7 @@ def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
     ``space_to_depth=False`` keeps strided convolutions as they are (see
     :func:`strided_conv_to_space_to_depth`).
     """
+    g = lower_control_flow(g)
     g = remove_identities(g)
     g = fold_constants(g)
     g = eliminate_common_subexpressions(g)
