@@ -13,6 +13,13 @@ Semantics (numpy's where the language says so):
 - float → int truncates toward zero as ``ndarray.astype`` does on x86 (``fptosi`` to 32 or 64 bits, then
   ``trunc``; the result is ``freeze``-d so an out-of-range value is some integer, never poison);
   int/float → bool is ``!= 0``;
+- the storage types (:data:`STORAGE`) are ``half`` (float16) and ``i16`` (bfloat16, the top half of a
+  float32) in registers and memory, and only ever converted (sema computes with them in float32): float16
+  ↔ float32 is ``fpext``/``fptrunc`` (F16C's ``vcvtph2ps``/``vcvtps2ph``, vectorized), bfloat16 → float32
+  a 16-bit shift and float32 → bfloat16 integer round-to-nearest-even (NaN stays a quiet NaN), so no
+  conversion calls a runtime library; float64 → storage rounds to float32 *to odd* first, which makes the
+  second rounding exact (one correct rounding, as numpy's); integers → float16 go through float32 (exact
+  below 2**24, overflow above), integers → bfloat16 through float64;
 - ``exp log sqrt fabs floor ceil sin cos pow fma`` are LLVM intrinsics; ``tanh`` and ``erf`` call libm
   (``tanhf``/``tanh``, ``erff``/``erf``); ``sigmoid(x) = 1/(1+exp(-x))``, ``rsqrt(x) = 1/sqrt(x)``;
   ``min``/``max`` are compare+select and propagate NaN (``np.minimum``); ``fmin``/``fmax`` ignore it.
@@ -47,6 +54,7 @@ I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
 FLOAT = ("float32", "float64")
+STORAGE = ("float16", "bfloat16")
 UNSIGNED = ("bool", "uint8", "uint16", "uint32", "uint64")
 _BITS = {"bool": 1, "int8": 8, "int16": 16, "int32": 32, "int64": 64,
          "uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}
@@ -72,11 +80,16 @@ def ir_name(name: str) -> str:
 
 
 def scalar_type(dtype: str) -> ir.Type:
-    """The register type of one element: bool → i1, intN/uintN → iN, float32 → float, float64 → double."""
+    """The register type of one element: bool → i1, intN/uintN → iN, float32 → float, float64 → double,
+    float16 → half, bfloat16 → i16 (its bits: llvmlite has no bfloat type)."""
     if dtype == "float32":
         return ir.FloatType()
     if dtype == "float64":
         return ir.DoubleType()
+    if dtype == "float16":
+        return ir.HalfType()
+    if dtype == "bfloat16":
+        return ir.IntType(16)
     return ir.IntType(_BITS[dtype])
 
 
@@ -93,7 +106,7 @@ def memory_type(dtype: str) -> ir.Type:
 
 def element_bytes(dtype: str) -> int:
     """Bytes of one element in memory (numpy's itemsize; bool is 1)."""
-    return {"bool": 1, "float32": 4, "float64": 8}.get(dtype) or _BITS[dtype] // 8
+    return {"bool": 1, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(dtype) or _BITS[dtype] // 8
 
 
 @dataclass
@@ -252,6 +265,12 @@ def convert(b: ir.IRBuilder, value: ir.Value, src: str, dst: str) -> ir.Value:
     if src == dst:
         return value
     lanes = value.type.count if isinstance(value.type, ir.VectorType) else 1
+    if src in STORAGE:
+        value, src = _storage_to_float(b, value, src, lanes), "float32"
+        if dst == src:
+            return value
+    if dst in STORAGE:
+        return _float_to_storage(b, value, src, dst, lanes)
     to = llvm_type(dst, lanes)
     if dst == "bool":
         if src in FLOAT:
@@ -272,6 +291,47 @@ def convert(b: ir.IRBuilder, value: ir.Value, src: str, dst: str) -> ir.Value:
     if _BITS[dst] > _BITS[src]:
         return b.zext(value, to) if src in UNSIGNED else b.sext(value, to)
     return value
+
+
+def _storage_to_float(b: ir.IRBuilder, value: ir.Value, src: str, lanes: int) -> ir.Value:
+    """A float16/bfloat16 value as float32 (exact)."""
+    if src == "float16":
+        return b.fpext(value, llvm_type("float32", lanes))
+    wide = b.shl(b.zext(value, llvm_type("int32", lanes)), const(llvm_type("int32", lanes), 16))
+    return b.bitcast(wide, llvm_type("float32", lanes))
+
+
+def _float_to_storage(b: ir.IRBuilder, value: ir.Value, src: str, dst: str, lanes: int) -> ir.Value:
+    """A value of ``src`` rounded to the storage type ``dst`` (nearest even, once)."""
+    if src not in FLOAT:  # integers and bool: exactly or once-rounded to a float of enough width
+        src, value = ("float32", convert(b, value, src, "float32")) if dst == "float16" else \
+            ("float64", convert(b, value, src, "float64"))
+    if src == "float64":
+        value = _round_to_odd_float32(b, value, lanes)
+    if dst == "float16":
+        return b.fptrunc(value, llvm_type("float16", lanes))
+    i32 = llvm_type("int32", lanes)
+    bits = b.bitcast(value, i32)
+    high = b.lshr(bits, const(i32, 16))
+    rounded = b.lshr(b.add(bits, b.add(const(i32, 0x7FFF), b.and_(high, const(i32, 1)))), const(i32, 16))
+    quiet = b.or_(high, const(i32, 0x40))
+    result = b.select(b.fcmp_unordered("uno", value, value), quiet, rounded)
+    return b.trunc(result, llvm_type("bfloat16", lanes))
+
+
+def _round_to_odd_float32(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
+    """A float64 value as float32 rounded *to odd*: toward zero, with the last bit set when inexact. Rounding
+    that again to nearest even at 11 or 8 bits gives the correctly rounded result (Boldo and Melquiond,
+    "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd", 2008)."""
+    f32, i32 = llvm_type("float32", lanes), llvm_type("int32", lanes)
+    nearest = b.fptrunc(value, f32)
+    back = b.fpext(nearest, value.type)
+    inexact = b.fcmp_ordered("!=", back, value)
+    positive = b.fcmp_ordered(">", value, const(value.type, 0.0))
+    away = b.select(positive, b.fcmp_ordered(">", back, value), b.fcmp_ordered("<", back, value))
+    bits = b.bitcast(nearest, i32)
+    odd = b.or_(b.sub(bits, b.zext(away, i32)), const(i32, 1))
+    return b.bitcast(b.select(inexact, odd, bits), f32)
 
 
 def to_i64(b: ir.IRBuilder, value: ir.Value, dtype: str) -> ir.Value:
@@ -764,6 +824,8 @@ def _guarded_load(env: Env, tensor: str, flat: ir.Value, stride: int, b: ir.IRBu
 
 
 def _type_suffix(ty: ir.Type) -> str:
+    if isinstance(ty, ir.HalfType):
+        return "f16"
     if isinstance(ty, ir.FloatType):
         return "f32"
     if isinstance(ty, ir.DoubleType):
