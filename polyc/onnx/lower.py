@@ -17,6 +17,11 @@ statement an in-place update::
 Sizes are integer literals (shapes are static), every index gets an explicit ``where`` range, inputs are
 named ``X<k>``, outputs ``Y<k>``, temporaries ``T<k>``, so identical groups give identical text.
 
+float16 and bfloat16 tensors are the language's storage types (``half``, ``bfloat16``): a group computes in
+float32 (its temporaries are float32, so reductions accumulate in float32) and rounds once, where it writes
+a float16/bfloat16 output (``Y0(i) = half(...)``) or where the model casts. Inside a converter a bfloat16
+value looks like a float32 one (:func:`value_dtype`: numpy calls ml_dtypes' bfloat16 kind ``V``).
+
 Converters are plain functions ``convert_<op>(b, node) -> list[Val]`` in :mod:`polyc.onnx.ops`, chosen by opset
 through :data:`CONVERTERS` (``(since_version, function)`` pairs, TVM's ``_impl_vN`` idea).
 """
@@ -36,20 +41,39 @@ from .load import MIN_OPSET
 
 
 def tc_type(dtype) -> str:
-    """The TC spelling of a numpy dtype (``float`` for float32, ``double`` for float64)."""
+    """The TC spelling of a numpy dtype (``float`` for float32, ``double`` for float64, ``half`` for float16,
+    ``bfloat16`` for ml_dtypes' bfloat16)."""
     name = np.dtype(dtype).name
     if name == "float32":
         return "float"
     if name == "float64":
         return "double"
-    if name in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+    if name == "float16":
+        return "half"
+    if name in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bfloat16"):
         return name
     raise UnsupportedError(f"dtype {name} is not supported by polyc kernels")
 
 
-def lit(value, dtype=np.float32) -> str:
-    """A literal for ``value``: positional float text (``0.02``, ``(-1.5)``) or an int, parenthesised if negative."""
+#: The storage types (TC ``half`` and ``bfloat16``): stored in 2 bytes, computed in float32.
+STORAGE = ("float16", "bfloat16")
+
+
+def value_dtype(dtype) -> np.dtype:
+    """The dtype a converter sees for a tensor of ``dtype``: float32 for bfloat16 (its values compute as
+    float32, and numpy's kind of ml_dtypes' bfloat16 is ``V``), else ``dtype``."""
     dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.name == "bfloat16" else dtype
+
+
+def lit(value, dtype=np.float32) -> str:
+    """A literal for ``value``: positional float text (``0.02``, ``(-1.5)``) or an int, parenthesised if negative.
+
+    A float literal computes as float32 next to a float16/bfloat16 value, so it is written as one (an
+    infinity as float32's largest value, which rounds to infinity when stored in 2 bytes)."""
+    dtype = np.dtype(dtype)
+    if dtype.name in STORAGE:
+        dtype, value = np.dtype(np.float32), float(value)
     if dtype.kind == "f":
         v = np.float32(value) if dtype == np.float32 else np.float64(value)
         if np.isinf(v):
@@ -155,6 +179,7 @@ class Builder:
 
     @staticmethod
     def tensor_val(tc: str, shape: tuple, dtype) -> Val:
+        dtype = value_dtype(dtype)
         if len(shape) == 0:
             return Val(shape, np.dtype(dtype), lambda idx, t=tc: t, tc)
         return Val(shape, np.dtype(dtype), lambda idx, t=tc: f"{t}({', '.join(idx)})", tc)
@@ -179,7 +204,7 @@ class Builder:
         return self.tensors[node["outputs"][k]].shape
 
     def out_dtype(self, node: dict, k: int = 0):
-        return self.tensors[node["outputs"][k]].dtype
+        return value_dtype(self.tensors[node["outputs"][k]].dtype)
 
     # ---- statements ----
     def emit(self, shape, dtype, body: Callable, op: str = "=", reductions=(), name: str | None = None) -> Val:
@@ -296,7 +321,11 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
     out_names = []
     for k, onnx_name in enumerate(group.outputs):
         tc = f"Y{k}"
-        _finish_output(b, b.values[onnx_name], tc)
+        v, dtype = b.values[onnx_name], np.dtype(b.tensors[onnx_name].dtype)
+        if dtype.name in STORAGE:  # computed in float32, rounded once as it is stored
+            b.materialize(lazy(v.shape, dtype, lambda idx, v=v, t=tc_type(dtype): f"{t}({v.at(idx)})"), name=tc)
+        else:
+            _finish_output(b, v, tc)
         out_names.append(tc)
     tc_shapes = {}
     params = []
@@ -347,8 +376,8 @@ def check_supported(g: nx.DiGraph) -> None:
         problems.extend(check_node(g, nid, d))
     for name in g.graph["inputs"] + [t for _, d in g.nodes(data=True) for t in d["outputs"] if t]:
         info = g.graph["tensors"].get(name)
-        if info is not None and info.dtype is not None and (np.dtype(info.dtype).name in ("float16", "bfloat16")
-                                                            or np.dtype(info.dtype).kind in "OUSVcMm"):
+        if info is not None and info.dtype is not None and (np.dtype(info.dtype).name != "bfloat16"
+                                                            and np.dtype(info.dtype).kind in "OUSVcMm"):
             kind = "string" if np.dtype(info.dtype).kind in "OUS" else np.dtype(info.dtype).name
             problems.append(f"tensor {name!r} has dtype {kind}, which polyc does not support")
     if problems:
