@@ -17,10 +17,11 @@ statement an in-place update::
 Sizes are integer literals (shapes are static), every index gets an explicit ``where`` range, inputs are
 named ``X<k>``, outputs ``Y<k>``, temporaries ``T<k>``, so identical groups give identical text.
 
-float16 and bfloat16 tensors are the language's storage types (``half``, ``bfloat16``): a group computes in
-float32 (its temporaries are float32, so reductions accumulate in float32) and rounds once, where it writes
-a float16/bfloat16 output (``Y0(i) = half(...)``) or where the model casts. Inside a converter a bfloat16
-value looks like a float32 one (:func:`value_dtype`: numpy calls ml_dtypes' bfloat16 kind ``V``).
+float16 and bfloat16 tensors are the language's storage types (``half``, ``bfloat16``): a node computes in
+float32 (its temporaries are float32, so reductions accumulate in float32) and its float16/bfloat16 output is
+rounded once (:func:`rounded`, ``half(...)`` around the node's expression), as numpy computes a float16 ufunc;
+the rounded values stay lazy, so fusion is unchanged. Inside a converter a bfloat16 value looks like a float32
+one (:func:`value_dtype`: numpy calls ml_dtypes' bfloat16 kind ``V``).
 
 Converters are plain functions ``convert_<op>(b, node) -> list[Val]`` in :mod:`polyc.onnx.ops`, chosen by opset
 through :data:`CONVERTERS` (``(since_version, function)`` pairs, TVM's ``_impl_vN`` idea).
@@ -289,6 +290,15 @@ def _finish_output(b: Builder, v: Val, name: str) -> None:
         return
 
 
+def rounded(v: Val, dtype) -> Val:
+    """The output ``v`` of a node whose ONNX type is ``dtype``: for float16/bfloat16 rounded to it (lazily,
+    ``half(...)``), unless it is read from a kernel parameter (already of that type); else ``v``."""
+    if dtype is None or np.dtype(dtype).name not in STORAGE or (v.tensor or "").startswith("X"):
+        return v
+    t = tc_type(dtype)
+    return Val(v.shape, value_dtype(dtype), lambda idx: f"{t}({v.at(idx)})", None, v.cheap or v.tensor is not None)
+
+
 def _same_ranges(a: str, b: str, rank: int) -> bool:
     def ranges(text):
         return [m for m in re.findall(r"\bi(\d+) in 0:(\d+)", text)][:rank]
@@ -317,13 +327,13 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
                                f"{type(e).__name__}: {e}") from e
         for name, v in zip(node["outputs"], outs):
             if name and v is not None:
-                b.values[name] = v
+                b.values[name] = rounded(v, getattr(b.tensors.get(name), "dtype", None))
     out_names = []
     for k, onnx_name in enumerate(group.outputs):
         tc = f"Y{k}"
         v, dtype = b.values[onnx_name], np.dtype(b.tensors[onnx_name].dtype)
-        if dtype.name in STORAGE:  # computed in float32, rounded once as it is stored
-            b.materialize(lazy(v.shape, dtype, lambda idx, v=v, t=tc_type(dtype): f"{t}({v.at(idx)})"), name=tc)
+        if dtype.name in STORAGE:  # already rounded: no float32 temporary may become the output in place
+            b.materialize(v, name=tc)
         else:
             _finish_output(b, v, tc)
         out_names.append(tc)
