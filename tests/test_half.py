@@ -143,12 +143,19 @@ def test_matmul_of_half_accumulates_in_float32(cpu):
         np.testing.assert_allclose(got, exact.astype(np.float16), rtol=2.0 ** -10, atol=1e-4)
 
 
-def test_einsum_of_half_operands():
+def test_einsum_of_storage_operands():
     a, b = h(5, 300), h(300, 7)
     got = polyc.einsum("ij,jk->ik", a, b)
     assert got.dtype == np.float16
     np.testing.assert_allclose(got, (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float16),
                                rtol=2.0 ** -10, atol=1e-4)
+    x, z = a.astype(np.float32).astype(BF16), b.astype(np.float32).astype(BF16)
+    y = R.standard_normal(7).astype(BF16)
+    got = polyc.einsum("ij,jk,k->i", x, z, y)
+    assert got.dtype == BF16
+    exact = x.astype(np.float64) @ z.astype(np.float64) @ y.astype(np.float64)
+    np.testing.assert_allclose(got.astype(np.float64), exact, rtol=2.0 ** -8, atol=1e-3)
+    assert polyc.einsum("i,i->i", a[0, :7], y).dtype == np.float32  # float16 with bfloat16
 
 
 # ---- conversions, every pair, against numpy / ml_dtypes ----------------------------------------------------
@@ -330,8 +337,8 @@ def test_float16_batchnorm_is_close_to_onnxruntime():
 
 
 def _half_model():
-    """Conv → Relu → MaxPool → (Add a residual 1x1 Conv) → GlobalAveragePool → Flatten → Gemm → Softmax, and
-    a LayerNorm + MatMul + Gelu branch, all in float16 (groups fuse: the float32 temporaries stay inside)."""
+    """Conv → Relu → MaxPool → 1x1 Conv + residual Add → ReduceMean → Gemm → Softmax, and LayerNormalization
+    → MatMul → Gelu → Cast to float, all float16 (fused groups keep their float32 temporaries inside)."""
     f16 = TensorProto.FLOAT16
     w = {"w1": h(8, 3, 3, 3) * 0.4, "b1": h(8) * 0.1, "w2": h(8, 8, 1, 1) * 0.3, "fc": h(5, 8), "fb": h(5) * 0.1,
          "ls": h(12), "lb": h(12) * 0.1, "mw": h(12, 6) * 0.3}

@@ -13,13 +13,9 @@ Semantics (numpy's where the language says so):
 - float → int truncates toward zero as ``ndarray.astype`` does on x86 (``fptosi`` to 32 or 64 bits, then
   ``trunc``; the result is ``freeze``-d so an out-of-range value is some integer, never poison);
   int/float → bool is ``!= 0``;
-- the storage types (:data:`STORAGE`) are ``half`` (float16) and ``i16`` (bfloat16, the top half of a
-  float32) in registers and memory, and only ever converted (sema computes with them in float32): float16
-  ↔ float32 is ``fpext``/``fptrunc`` (F16C's ``vcvtph2ps``/``vcvtps2ph``, vectorized), bfloat16 → float32
-  a 16-bit shift and float32 → bfloat16 integer round-to-nearest-even (NaN stays a quiet NaN), so no
-  conversion calls a runtime library; float64 → storage rounds to float32 *to odd* first, which makes the
-  second rounding exact (one correct rounding, as numpy's); integers → float16 go through float32 (exact
-  below 2**24, overflow above), integers → bfloat16 through float64;
+- the storage types (:data:`STORAGE`) are ``half`` (float16) and ``i16`` (bfloat16) in registers and
+  memory and are only converted (sema computes with them in float32), by :mod:`polyc.codegen.storage`
+  (rounded once to nearest even; integers → float16 through float32, → bfloat16 through float64);
 - ``exp log sqrt fabs floor ceil sin cos pow fma`` are LLVM intrinsics; ``tanh`` and ``erf`` call libm
   (``tanhf``/``tanh``, ``erff``/``erf``); ``sigmoid(x) = 1/(1+exp(-x))``, ``rsqrt(x) = 1/sqrt(x)``;
   ``min``/``max`` are compare+select and propagate NaN (``np.minimum``); ``fmin``/``fmax`` ignore it.
@@ -47,6 +43,7 @@ from ..errors import CompileError
 from ..lang import ast as L
 from ..poly.affine import children
 from ..poly.scop import Scop
+from . import storage
 
 I1 = ir.IntType(1)
 I8 = ir.IntType(8)
@@ -266,11 +263,14 @@ def convert(b: ir.IRBuilder, value: ir.Value, src: str, dst: str) -> ir.Value:
         return value
     lanes = value.type.count if isinstance(value.type, ir.VectorType) else 1
     if src in STORAGE:
-        value, src = _storage_to_float(b, value, src, lanes), "float32"
+        value, src = storage.to_float32(b, value, src), "float32"
         if dst == src:
             return value
     if dst in STORAGE:
-        return _float_to_storage(b, value, src, dst, lanes)
+        if src not in FLOAT:  # exactly or once rounded (ints beyond 2**24 overflow float16 anyway)
+            value, src = convert(b, value, src, "float32" if dst == "float16" else "float64"), \
+                ("float32" if dst == "float16" else "float64")
+        return storage.from_float(b, value, src, dst)
     to = llvm_type(dst, lanes)
     if dst == "bool":
         if src in FLOAT:
@@ -291,47 +291,6 @@ def convert(b: ir.IRBuilder, value: ir.Value, src: str, dst: str) -> ir.Value:
     if _BITS[dst] > _BITS[src]:
         return b.zext(value, to) if src in UNSIGNED else b.sext(value, to)
     return value
-
-
-def _storage_to_float(b: ir.IRBuilder, value: ir.Value, src: str, lanes: int) -> ir.Value:
-    """A float16/bfloat16 value as float32 (exact)."""
-    if src == "float16":
-        return b.fpext(value, llvm_type("float32", lanes))
-    wide = b.shl(b.zext(value, llvm_type("int32", lanes)), const(llvm_type("int32", lanes), 16))
-    return b.bitcast(wide, llvm_type("float32", lanes))
-
-
-def _float_to_storage(b: ir.IRBuilder, value: ir.Value, src: str, dst: str, lanes: int) -> ir.Value:
-    """A value of ``src`` rounded to the storage type ``dst`` (nearest even, once)."""
-    if src not in FLOAT:  # integers and bool: exactly or once-rounded to a float of enough width
-        src, value = ("float32", convert(b, value, src, "float32")) if dst == "float16" else \
-            ("float64", convert(b, value, src, "float64"))
-    if src == "float64":
-        value = _round_to_odd_float32(b, value, lanes)
-    if dst == "float16":
-        return b.fptrunc(value, llvm_type("float16", lanes))
-    i32 = llvm_type("int32", lanes)
-    bits = b.bitcast(value, i32)
-    high = b.lshr(bits, const(i32, 16))
-    rounded = b.lshr(b.add(bits, b.add(const(i32, 0x7FFF), b.and_(high, const(i32, 1)))), const(i32, 16))
-    quiet = b.or_(high, const(i32, 0x40))
-    result = b.select(b.fcmp_unordered("uno", value, value), quiet, rounded)
-    return b.trunc(result, llvm_type("bfloat16", lanes))
-
-
-def _round_to_odd_float32(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
-    """A float64 value as float32 rounded *to odd*: toward zero, with the last bit set when inexact. Rounding
-    that again to nearest even at 11 or 8 bits gives the correctly rounded result (Boldo and Melquiond,
-    "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to odd", 2008)."""
-    f32, i32 = llvm_type("float32", lanes), llvm_type("int32", lanes)
-    nearest = b.fptrunc(value, f32)
-    back = b.fpext(nearest, value.type)
-    inexact = b.fcmp_ordered("!=", back, value)
-    positive = b.fcmp_ordered(">", value, const(value.type, 0.0))
-    away = b.select(positive, b.fcmp_ordered(">", back, value), b.fcmp_ordered("<", back, value))
-    bits = b.bitcast(nearest, i32)
-    odd = b.or_(b.sub(bits, b.zext(away, i32)), const(i32, 1))
-    return b.bitcast(b.select(inexact, odd, bits), f32)
 
 
 def to_i64(b: ir.IRBuilder, value: ir.Value, dtype: str) -> ir.Value:

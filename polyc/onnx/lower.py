@@ -159,7 +159,7 @@ class Builder:
         if name in self.consts and np.asarray(self.consts[name]).size == 1:
             arr = np.asarray(self.consts[name])
             text = lit(arr.reshape(-1)[0], arr.dtype)
-            v = Val(tuple(arr.shape), arr.dtype, lambda idx, t=text: t)
+            v = Val(tuple(arr.shape), value_dtype(arr.dtype), lambda idx, t=text: t)
         else:
             info = self.tensors[name]
             v = self.add_param(name, info.shape, info.dtype)
