@@ -12,6 +12,10 @@ polyc and zero-initialised, so ``+=`` without ``!`` accumulates onto zeros (onto
 given). An ``out=`` array that overlaps an input is computed into a temporary and copied back, as numpy's
 ufuncs do, so ``k(a, out=a)`` is correct.
 
+Element types are numpy's; a ``half`` (float16) tensor is a ``np.float16`` array and a ``bfloat16`` one an
+array of ``ml_dtypes.bfloat16`` (numpy has no bfloat16; ``a.view(ml_dtypes.bfloat16)`` reinterprets uint16
+bits). Both are storage types computed in float32 (see :mod:`polyc.lang.ast`).
+
 Thread safety: a :class:`Kernel` and a :class:`Compiled` may be called from several threads at once. Compiling
 (the pipeline, isl and LLVM) is serialized by one process-wide lock; a first call racing another compiles
 once and both use the result. Running compiled code takes no lock.
@@ -34,6 +38,7 @@ from .codegen import compile_module, emit_entry, emit_kernel, host_target, load_
 from .errors import KernelRuntimeError, PolycError, ShapeError
 from .lang import ast as L
 from .lang import check_def, parse
+from .lang.sema import numpy_dtype
 from .options import Options
 from .poly.astbuild import ast_to_c, build_ast
 from .poly.build import build_scop, checked_reads
@@ -253,7 +258,7 @@ def check_memory(name: str, specs) -> None:
     """Raise ShapeError, with the bytes needed, when the tensors ``specs`` (to be allocated for a call of
     kernel ``name``) cannot fit: one larger than the address space, or all together more than the
     machine's physical memory."""
-    sizes = [(t, int(np.prod(t.shape, dtype=object)) * np.dtype(t.dtype).itemsize) for t in specs]
+    sizes = [(t, int(np.prod(t.shape, dtype=object)) * numpy_dtype(t.dtype).itemsize) for t in specs]
     total = sum(n for _, n in sizes)
     try:
         physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -277,9 +282,9 @@ def _bytes(n: int) -> str:
 def _zeros(t: "TensorSpec") -> np.ndarray:
     """A zeroed array for ``t``; ShapeError with the bytes needed when there is no memory for it."""
     try:
-        return np.zeros(t.shape, t.dtype)
+        return np.zeros(t.shape, numpy_dtype(t.dtype))
     except (MemoryError, ValueError):
-        n = int(np.prod(t.shape, dtype=object)) * np.dtype(t.dtype).itemsize
+        n = int(np.prod(t.shape, dtype=object)) * numpy_dtype(t.dtype).itemsize
         raise ShapeError(f"out of memory allocating {t.role} '{t.name}' ({t.dtype}{list(t.shape)}, "
                          f"{_bytes(n)})", hint="free memory or use smaller sizes") from None
 
@@ -292,7 +297,7 @@ def _prepare_outputs(specs, out):
     if len(outs) != len(specs):
         raise ShapeError(f"out= has {len(outs)} arrays; the kernel returns {len(specs)}")
     for o, t in zip(outs, specs):
-        if not isinstance(o, np.ndarray) or o.shape != t.shape or o.dtype != np.dtype(t.dtype):
+        if not isinstance(o, np.ndarray) or o.shape != t.shape or o.dtype != numpy_dtype(t.dtype):
             got = f"{o.dtype}{list(o.shape)}" if isinstance(o, np.ndarray) else type(o).__name__
             raise ShapeError(f"out= for output '{t.name}': expected {t.dtype}{list(t.shape)}, got {got}")
         if not o.flags.c_contiguous or not o.flags.writeable:
@@ -356,14 +361,17 @@ class Kernel:
                     raise ShapeError(f"argument '{t.name}' must be a numpy array of {t.dtype} with "
                                      f"{len(t.dims)} dimensions, got {type(value).__name__}")
                 value = _scalar_array(value, t)
-            if value.dtype != np.dtype(t.dtype):
+            want = numpy_dtype(t.dtype)
+            if value.dtype != want:
                 if value.ndim == 0 and not t.dims and (
-                        np.can_cast(value.dtype, t.dtype, "same_kind")
-                        or value.dtype.kind in "biu" and np.dtype(t.dtype).kind in "iu"):
+                        value.dtype.kind in "biuf" and t.dtype in L.STORAGE_DTYPES
+                        or np.can_cast(value.dtype, want, "same_kind")
+                        or value.dtype.kind in "biu" and want.kind in "iu"):
                     value = _cast_scalar(value, t)
                 else:
+                    module = "ml_dtypes" if t.dtype == "bfloat16" else "np"
                     raise ShapeError(f"argument '{t.name}': expected dtype {t.dtype}, got {value.dtype}",
-                                     hint=f"convert it with .astype(np.{t.dtype})")
+                                     hint=f"convert it with .astype({module}.{t.dtype})")
             if value.ndim != len(t.dims or ()):
                 raise ShapeError(f"argument '{t.name}': expected {len(t.dims or ())} dimensions, "
                                  f"got shape {list(value.shape)}")
@@ -516,7 +524,7 @@ def _scalar_array(value, t) -> np.ndarray:
 def _cast_scalar(value: np.ndarray, t) -> np.ndarray:
     """The 0-d ``value`` as ``t.dtype``; ShapeError naming ``t`` and its range when an integer does not fit
     (numpy would wrap it silently)."""
-    target = np.dtype(t.dtype)
+    target = numpy_dtype(t.dtype)
     if target.kind in "iu" and value.dtype.kind in "iu":
         info = np.iinfo(target)
         if not info.min <= int(value) <= info.max:
@@ -526,7 +534,7 @@ def _cast_scalar(value: np.ndarray, t) -> np.ndarray:
 
 
 def _range_of(dtype: str) -> str:
-    d = np.dtype(dtype)
+    d = numpy_dtype(dtype)
     if d.kind in "iu":
         info = np.iinfo(d)
         return f"an integer in {info.min}..{info.max}"

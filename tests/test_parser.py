@@ -1,7 +1,7 @@
 """The lexer, the parser and the printer: trees, spans, error messages with positions, round trips."""
 import pytest
 
-from polyc.errors import ParseError, PolycError, Span, UnsupportedError
+from polyc.errors import ParseError, PolycError, Span
 from polyc.lang import ast as A
 from polyc.lang import format_expr, format_program, parse
 from polyc.lang.lexer import tokenize
@@ -155,16 +155,6 @@ def test_error_renders_caret_and_filename():
     assert text.splitlines()[:3] == ["k.tc:2:5: the left-hand side takes index variables only",
                                      "      O(i+1) = 0", "        ^^^"]
     assert "hint:" in text
-
-
-@pytest.mark.parametrize("source", [
-    "def f(float16(N) A) -> (O) {}", "def f(half(N) A) -> (O) {}", "def f() -> (float16(N) O) {}",
-    "def f() -> (O) { O(i) = half(1) }"])
-def test_float16_is_unsupported(source):
-    with pytest.raises(UnsupportedError) as info:
-        parse(source)
-    assert "float16 is not supported yet" in info.value.message
-    assert info.value.span is not None and info.value.source == source
 
 
 def test_deep_nesting_is_a_parse_error():

@@ -13,6 +13,9 @@ Semantics (numpy's where the language says so):
 - float → int truncates toward zero as ``ndarray.astype`` does on x86 (``fptosi`` to 32 or 64 bits, then
   ``trunc``; the result is ``freeze``-d so an out-of-range value is some integer, never poison);
   int/float → bool is ``!= 0``;
+- the storage types (:data:`STORAGE`) are ``half`` (float16) and ``i16`` (bfloat16) in registers and
+  memory and are only converted (sema computes with them in float32), by :mod:`polyc.codegen.storage`
+  (rounded once to nearest even; integers → float16 through float32, → bfloat16 through float64);
 - ``exp log sqrt fabs floor ceil sin cos pow fma`` are LLVM intrinsics; ``tanh`` and ``erf`` call libm
   (``tanhf``/``tanh``, ``erff``/``erf``); ``sigmoid(x) = 1/(1+exp(-x))``, ``rsqrt(x) = 1/sqrt(x)``;
   ``min``/``max`` are compare+select and propagate NaN (``np.minimum``); ``fmin``/``fmax`` ignore it;
@@ -43,6 +46,7 @@ from ..errors import CompileError
 from ..lang import ast as L
 from ..poly.affine import children
 from ..poly.scop import Scop
+from . import storage
 
 I1 = ir.IntType(1)
 I8 = ir.IntType(8)
@@ -50,6 +54,7 @@ I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 PTR = ir.PointerType()
 FLOAT = ("float32", "float64")
+STORAGE = ("float16", "bfloat16")
 UNSIGNED = ("bool", "uint8", "uint16", "uint32", "uint64")
 _BITS = {"bool": 1, "int8": 8, "int16": 16, "int32": 32, "int64": 64,
          "uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}
@@ -76,11 +81,16 @@ def ir_name(name: str) -> str:
 
 
 def scalar_type(dtype: str) -> ir.Type:
-    """The register type of one element: bool → i1, intN/uintN → iN, float32 → float, float64 → double."""
+    """The register type of one element: bool → i1, intN/uintN → iN, float32 → float, float64 → double,
+    float16 → half, bfloat16 → i16 (its bits: llvmlite has no bfloat type)."""
     if dtype == "float32":
         return ir.FloatType()
     if dtype == "float64":
         return ir.DoubleType()
+    if dtype == "float16":
+        return ir.HalfType()
+    if dtype == "bfloat16":
+        return ir.IntType(16)
     return ir.IntType(_BITS[dtype])
 
 
@@ -97,7 +107,7 @@ def memory_type(dtype: str) -> ir.Type:
 
 def element_bytes(dtype: str) -> int:
     """Bytes of one element in memory (numpy's itemsize; bool is 1)."""
-    return {"bool": 1, "float32": 4, "float64": 8}.get(dtype) or _BITS[dtype] // 8
+    return {"bool": 1, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(dtype) or _BITS[dtype] // 8
 
 
 @dataclass
@@ -256,6 +266,15 @@ def convert(b: ir.IRBuilder, value: ir.Value, src: str, dst: str) -> ir.Value:
     if src == dst:
         return value
     lanes = value.type.count if isinstance(value.type, ir.VectorType) else 1
+    if src in STORAGE:
+        value, src = storage.to_float32(b, value, src), "float32"
+        if dst == src:
+            return value
+    if dst in STORAGE:
+        if src not in FLOAT:  # exactly or once rounded (ints beyond 2**24 overflow float16 anyway)
+            value, src = convert(b, value, src, "float32" if dst == "float16" else "float64"), \
+                ("float32" if dst == "float16" else "float64")
+        return storage.from_float(b, value, src, dst)
     to = llvm_type(dst, lanes)
     if dst == "bool":
         if src in FLOAT:
@@ -795,6 +814,8 @@ def _guarded_load(env: Env, tensor: str, flat: ir.Value, stride: int, b: ir.IRBu
 
 
 def _type_suffix(ty: ir.Type) -> str:
+    if isinstance(ty, ir.HalfType):
+        return "f16"
     if isinstance(ty, ir.FloatType):
         return "f32"
     if isinstance(ty, ir.DoubleType):

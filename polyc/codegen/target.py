@@ -33,7 +33,8 @@ AVX2_CPUS = ("x86-64-v3", "haswell", "broadwell", "skylake", "alderlake", "znver
 AVX512_CPUS = ("x86-64-v4", "skylake-avx512", "cascadelake", "icelake-server", "sapphirerapids", "znver4",
                "znver5")
 
-_DTYPE_BITS = {"bool": 8, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "int32": 32, "uint32": 32,
+_DTYPE_BITS = {"bool": 8, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "float16": 16, "bfloat16": 16,
+               "int32": 32, "uint32": 32,
                "int64": 64, "uint64": 64, "float32": 32, "float64": 64}
 
 

@@ -32,7 +32,8 @@ from .llvm import (SUM_BLOCK, Kernel, Region, compensated, emit_isl_expr, emit_l
 
 I64 = X.I64
 _OP = isl.ast_expr_op_type
-_BITS = {"bool": 8, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "int32": 32, "uint32": 32,
+_BITS = {"bool": 8, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "float16": 16, "bfloat16": 16,
+         "int32": 32, "uint32": 32,
          "int64": 64, "uint64": 64, "float32": 32, "float64": 64}
 
 

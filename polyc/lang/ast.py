@@ -13,8 +13,16 @@ analysis (``polyc.lang.sema.check_def``) returns a *typed* copy in which
 - an :class:`Ident` is an index variable (``kind="index"``, dtype int32), a size (``kind="size"``, dtype int32)
   or a 0-d parameter (``kind="scalar"``, dtype of the parameter).
 
-Names of the dtypes follow numpy: bool, int8..int64, uint8..uint64, float32, float64. The source spellings
-``float`` (= float32) and ``double`` (= float64) are canonicalised by the parser.
+Names of the dtypes follow numpy: bool, int8..int64, uint8..uint64, float16, bfloat16, float32, float64.
+The source spellings ``float`` (= float32), ``double`` (= float64) and ``half`` (= float16) are canonicalised
+by the parser.
+
+float16 and bfloat16 are *storage types* (:data:`STORAGE_DTYPES`): a tensor of one holds 2-byte elements,
+and reading it gives a value of that type, but everything that computes with it (arithmetic, comparisons,
+builtins) converts it to float32 first, so an arithmetic expression is never of a storage type. Only
+reads, ``?:`` between two values of the same storage type, and the conversions ``half(e)``/``bfloat16(e)``
+(round to nearest even) have one. Writing a tensor of a storage type takes a value of that type (an explicit
+``half(...)`` where the value is float32); a reduction never accumulates in one (see ``polyc.lang.sema``).
 """
 from __future__ import annotations
 
@@ -24,10 +32,15 @@ from typing import Union
 from ..errors import Span
 
 #: The dtypes of the language, numpy spelling.
-DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
+DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
+          "float32", "float64")
+
+#: The storage types: 2-byte floats whose values compute as float32 (IEEE binary16; bfloat16 is the top half
+#: of a float32). numpy has float16; bfloat16 arrays are ``ml_dtypes.bfloat16``.
+STORAGE_DTYPES = ("float16", "bfloat16")
 
 #: Source spellings of types → canonical dtype.
-TYPE_NAMES = {**{d: d for d in DTYPES}, "float": "float32", "double": "float64"}
+TYPE_NAMES = {**{d: d for d in DTYPES}, "float": "float32", "double": "float64", "half": "float16"}
 
 #: Reduction operators: the operator in ``T(i) OP expr`` (``!`` forms keep the ``!``).
 ASSIGN_OPS = ("=", "+=", "*=", "max=", "min=", "+=!", "*=!", "max=!", "min=!")
@@ -128,7 +141,9 @@ class Call:
 
 @dataclass(frozen=True)
 class Cast:
-    """A conversion ``float(e)``, ``int32(e)`` ...; ``to`` is the canonical dtype. Sema inserts implicit ones."""
+    """A conversion ``float(e)``, ``int32(e)``, ``half(e)`` ...; ``to`` is the canonical dtype. Sema inserts
+    implicit ones. Conversions to float16/bfloat16 round to nearest even (float64 rounds once, not through
+    float32); conversions from them are exact (to float) or through float32 (to integers and bool)."""
 
     to: str
     operand: "Expr"

@@ -11,7 +11,8 @@ The letter rules are numpy's: without ``->`` the output is the letters that appe
 that is not in the output is summed (``+=!``; ``max=!`` — logical or — for bool, as numpy does); a dimension
 of extent 1 broadcasts against the letter's extent elsewhere (it is read at index 0). Operands whose dtype
 differs from the result (``np.result_type`` of the operands) are cast to it. Ellipsis (``...``) is not
-supported.
+supported. A float16 or bfloat16 result is summed in a float32 temporary ``acc`` and rounded once at the end
+(``out(i) = half(acc(i))``); bfloat16 promotes as float16 does, and the two together give float32.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def einsum_source(subscripts: str, shapes: list, dtypes: list) -> tuple[str, str
     """The TC text of ``np.einsum(subscripts, *operands)`` for operands of these shapes and dtypes.
 
     Returns ``(source, def name)``. Raises :class:`PolycError` for a malformed subscript string,
-    :class:`ShapeError` when the shapes do not fit it and :class:`UnsupportedError` for ``...`` or float16.
+    :class:`ShapeError` when the shapes do not fit it and :class:`UnsupportedError` for ``...`` or a dtype
+    outside the language (complex, float8, ...).
     """
     inputs, output = parse_subscripts(subscripts, len(shapes))
     if len(dtypes) != len(shapes):
@@ -37,7 +39,7 @@ def einsum_source(subscripts: str, shapes: list, dtypes: list) -> tuple[str, str
         raise ShapeError(f"einsum shapes must be tuples of integers, got {shapes!r}") from e
     names = [canonical_dtype(d) for d in dtypes]
     extents = letter_extents(subscripts, inputs, shapes)
-    result = np.result_type(*[np.dtype(d) for d in names]).name if names else "float32"
+    result = _result_dtype(names)
     name = "einsum_" + "_".join(inputs) + "_to_" + output
     params = ", ".join(_param(subs, shape, dtype, extents, k)
                        for k, (subs, shape, dtype) in enumerate(zip(inputs, shapes, names)))
@@ -48,8 +50,26 @@ def einsum_source(subscripts: str, shapes: list, dtypes: list) -> tuple[str, str
              for k, (subs, shape, dtype) in enumerate(zip(inputs, shapes, names))]
     rhs = (" && " if result == "bool" else " * ").join(reads) if reads else "1"
     lhs = f"out({', '.join(output)})"
-    text = f"def {name}({params}) -> ({result}{out_dims} out) {{\n    {lhs} {op} {rhs}\n}}\n"
+    if result in A.STORAGE_DTYPES and summed:
+        acc = f"acc({', '.join(output)})"
+        body = f"{acc} {op} {rhs}\n    {lhs} = {result}({acc})"
+    elif result in A.STORAGE_DTYPES and len(reads) > 1:
+        body = f"{lhs} = {result}({rhs})"
+    else:
+        body = f"{lhs} {op} {rhs}"
+    text = f"def {name}({params}) -> ({result}{out_dims} out) {{\n    {body}\n}}\n"
     return text, name
+
+
+def _result_dtype(names: list) -> str:
+    """``np.result_type`` of the operands' dtypes, bfloat16 promoting as float16 (with float16: float32)."""
+    if not names:
+        return "float32"
+    result = np.result_type(*[np.dtype("float16" if d == "bfloat16" else d) for d in names]).name
+    storage = {d for d in names if d in A.STORAGE_DTYPES}
+    if result == "float16" and "bfloat16" in storage:
+        return "bfloat16" if storage == {"bfloat16"} else "float32"
+    return result
 
 
 def parse_subscripts(subscripts: str, n_operands: int) -> tuple[list[str], str]:
@@ -90,13 +110,14 @@ def parse_subscripts(subscripts: str, n_operands: int) -> tuple[list[str], str]:
 
 
 def canonical_dtype(dtype) -> str:
-    """The language's name for a numpy dtype; float16 and complex types are not supported."""
+    """The language's name for a numpy dtype (``ml_dtypes.bfloat16`` is bfloat16); complex types, float8 and
+    the other ml_dtypes are not supported."""
     try:
-        name = np.dtype(dtype).name
+        name = "bfloat16" if isinstance(dtype, str) and dtype == "bfloat16" else np.dtype(dtype).name
     except TypeError as e:
         raise PolycError(f"einsum got the unknown dtype {dtype!r}", hint="use a numpy dtype such as 'float32'") from e
     if name not in A.DTYPES:
-        raise UnsupportedError(f"{name} is not supported yet", hint="use float32 or float64")
+        raise UnsupportedError(f"{name} is not supported yet", hint="use float32, float64, float16 or bfloat16")
     return name
 
 

@@ -12,7 +12,8 @@ A recursive-descent parser over the tokens of :mod:`polyc.lang.lexer`; expressio
 variables only (TC's rule: ``T(i, j) = ...``; ``T(i*i)`` or ``T(i+1)`` is a ParseError at the index), so every
 write is in bounds once ranges are inferred; any expression may index a read (non-affine and data-dependent
 reads are checked at run time, see ``polyc.poly.build.mark_checked``). The parser raises only
-:class:`ParseError` (with the source attached, so the caret shows) and :class:`UnsupportedError` (float16).
+:class:`ParseError` (with the source attached, so the caret shows) and :class:`UnsupportedError` (a type of
+:data:`UNSUPPORTED_TYPES`).
 """
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ BINARY_PRECEDENCE = {
     "+": 5, "-": 5, "*": 6, "/": 6, "%": 6,
 }
 
-#: Type spellings polyc recognises but does not handle yet.
-UNSUPPORTED_TYPES = {"float16": "float16", "half": "float16", "bfloat16": "bfloat16"}
+#: Type spellings polyc recognises but does not handle yet, spelling → dtype (none since float16 and bfloat16
+#: became storage types; the mechanism stays for the next one).
+UNSUPPORTED_TYPES: dict = {}
 
 #: How deeply parentheses, calls and unary operators may nest while parsing.
 MAX_NESTING = 100
@@ -41,7 +43,8 @@ _ASSIGN_SIMPLE = ("=", "+=", "*=", "+=!", "*=!")
 def parse(source: str, filename: str = "<source>") -> A.Program:
     """Parse TC source text (any number of defs) into a :class:`~polyc.lang.ast.Program`.
 
-    Raises :class:`ParseError` for text outside the language and :class:`UnsupportedError` for float16.
+    Raises :class:`ParseError` for text outside the language and :class:`UnsupportedError` for a type of
+    :data:`UNSUPPORTED_TYPES`.
     """
     try:
         return _Parser(source, filename).program()
@@ -177,7 +180,8 @@ class _Parser:
                                    hint="use float (float32) or double (float64)", filename=self.filename)
         if t.kind != "ident" or t.text not in A.TYPE_NAMES:
             raise self.error(f"expected a type such as float or int32, found {t.describe()}", t.span,
-                             hint="types: bool, int8..int64, uint8..uint64, float, float32, double, float64")
+                             hint="types: bool, int8..int64, uint8..uint64, half (float16), bfloat16, "
+                                  "float (float32), double (float64)")
         self.advance()
         return A.TYPE_NAMES[t.text], t.span
 

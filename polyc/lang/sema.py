@@ -19,7 +19,14 @@ Typing rules (numpy's, with two departures):
   a float literal next to a float; an int literal that does not fit the integer type is not adopted);
   a float literal next to an integer or bool operand makes both float32;
 - otherwise ``np.promote_types``, except that an int with a float gives the float type (``int64 + float32``
-  is float32) and arithmetic on two bools gives int32.
+  is float32) and arithmetic on two bools gives int32;
+- the storage types float16 and bfloat16 (:data:`~polyc.lang.ast.STORAGE_DTYPES`) compute as float32: an
+  arithmetic operation, comparison, negation or builtin with such an operand converts it to float32 (or
+  float64 next to a float64), a literal never takes a storage type, and ``?:`` keeps one only when both
+  branches have it. A value is stored into a float16/bfloat16 tensor by an explicit conversion
+  (``C(i) = half(A(i) + B(i))``; a literal or an integer converts implicitly); ``+=``, ``*=``, ``max=`` and
+  ``min=`` may not update such a tensor (the sum would round at every step: reduce into a float temporary
+  and convert it), and a temporary first written by a reduction of storage values is float32.
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ from functools import reduce
 
 import numpy as np
 
-from ..errors import PolycError, SemanticError, Span
+from ..errors import PolycError, SemanticError, Span, UnsupportedError
 from . import ast as A
 from .parser import MAX_DEPTH, expr_children, expr_depth
 
@@ -411,14 +418,25 @@ def check_reduction_op(stmt: A.Statement, reductions: tuple, found: dict) -> Non
 
 
 def check_assignment(stmt: A.Statement, rhs: A.Expr, t: _Tensor) -> A.Expr:
-    """The rhs converts to the tensor's dtype by widening only; an undeclared tensor takes the rhs dtype."""
+    """The rhs converts to the tensor's dtype by widening only; an undeclared tensor takes the rhs dtype
+    (float32 for a reduction of float16/bfloat16 values); no reduction updates a float16/bfloat16 tensor."""
     if t.dtype is None:
         t.dtype = rhs.dtype
+        if stmt.op != "=" and rhs.dtype in A.STORAGE_DTYPES:
+            t.dtype = "float32"
+            return coerce(rhs, "float32")
         return rhs
+    if stmt.op != "=" and t.dtype in A.STORAGE_DTYPES:
+        raise _error(f"'{stmt.op}' updates {t.dtype} tensor '{t.name}', so every step of the reduction would "
+                     f"round to {t.dtype}", stmt.span,
+                     f"reduce into a float temporary and convert it: T(...) {stmt.op} ...; "
+                     f"{t.name}(...) = {t.dtype}(T(...))")
     if rhs.dtype == t.dtype:
         return rhs
     if is_weak(rhs) and can_adopt(rhs, t.dtype):
         return retype(rhs, t.dtype)
+    if is_weak(rhs) and t.dtype in A.STORAGE_DTYPES:
+        return A.Cast(t.dtype, coerce(rhs, "float32"), rhs.span, t.dtype)
     if not widens(rhs.dtype, t.dtype):
         raise _error(f"narrowing conversion from {rhs.dtype} to {t.dtype} in assignment to '{t.name}'; "
                      f"use an explicit cast such as {t.dtype}(...)", rhs.span,
@@ -436,12 +454,40 @@ def check_first_write(stmt: A.Statement, t: _Tensor) -> None:
 # ---- dtypes ----
 
 def kind(dtype: str) -> str:
-    """``"b"`` (bool), ``"i"`` (signed), ``"u"`` (unsigned) or ``"f"`` (float)."""
-    return np.dtype(dtype).kind
+    """``"b"`` (bool), ``"i"`` (signed), ``"u"`` (unsigned) or ``"f"`` (float, the storage types too)."""
+    return "f" if dtype in A.STORAGE_DTYPES else np.dtype(dtype).kind
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes of one element of ``dtype`` in memory (numpy's; bool is 1, the storage types 2)."""
+    return 2 if dtype in A.STORAGE_DTYPES else np.dtype(dtype).itemsize
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of arrays of ``dtype``: ``ml_dtypes.bfloat16`` for bfloat16 (numpy has none).
+
+    Raises :class:`~polyc.errors.UnsupportedError` for bfloat16 when ml_dtypes is not installed."""
+    if dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise UnsupportedError("bfloat16 arrays need the ml_dtypes package",
+                                   hint="pip install ml_dtypes (onnx installs it too)") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def computes_in(dtype: str) -> str:
+    """The dtype arithmetic on a ``dtype`` value computes in: float32 for the storage types, else itself."""
+    return "float32" if dtype in A.STORAGE_DTYPES else dtype
 
 
 def promote(a: str, b: str) -> str:
-    """numpy's promotion, except that an integer with a float gives the float type."""
+    """numpy's promotion, except that an integer with a float gives the float type (a storage type with
+    anything else promotes as float32)."""
+    if a == b:
+        return a
+    a, b = computes_in(a), computes_in(b)
     if a == b:
         return a
     ka, kb = kind(a), kind(b)
@@ -456,8 +502,10 @@ def widens(src: str, dst: str) -> bool:
     """Whether assigning a ``src`` value to a ``dst`` tensor loses no range (bool → any, int → wider or float)."""
     if src == dst or src == "bool":
         return True
+    if src in A.STORAGE_DTYPES and dst in A.STORAGE_DTYPES:
+        return False  # float16 has the precision, bfloat16 the range
     ks, kd = kind(src), kind(dst)
-    size_s, size_d = np.dtype(src).itemsize, np.dtype(dst).itemsize
+    size_s, size_d = itemsize(src), itemsize(dst)
     if ks == "f":
         return kd == "f" and size_d >= size_s
     if kd == "f":
@@ -490,7 +538,10 @@ def _literal_value(e: A.Expr):
 
 
 def can_adopt(e: A.Expr, dtype: str) -> bool:
-    """Whether the weak literal ``e`` can simply take ``dtype`` (kinds compatible, value in range)."""
+    """Whether the weak literal ``e`` can simply take ``dtype`` (kinds compatible, value in range; never a
+    storage type: a literal computes as float32 next to one)."""
+    if dtype in A.STORAGE_DTYPES:
+        return False
     value = _literal_value(e)
     k = kind(dtype)
     if isinstance(value, float):
@@ -534,6 +585,7 @@ def to_bool(e: A.Expr) -> A.Expr:
     """A condition: bool as is, a number ``x`` as ``x != 0``."""
     if e.dtype == "bool":
         return e
+    e = coerce(e, computes_in(e.dtype))
     zero = A.Const(0.0 if kind(e.dtype) == "f" else 0, e.span, e.dtype)
     return A.Binary("!=", e, zero, e.span, "bool")
 
@@ -626,6 +678,7 @@ def type_unary(e: A.Unary, scope: _Scope) -> A.Expr:
         return replace(e, operand=to_bool(operand), dtype="bool")
     if operand.dtype == "bool":
         operand = coerce(operand, "int32")
+    operand = coerce(operand, computes_in(operand.dtype))
     return replace(e, operand=operand, dtype=operand.dtype)
 
 
@@ -633,7 +686,7 @@ def type_binary(e: A.Binary, scope: _Scope) -> A.Expr:
     lhs, rhs = type_expr(e.lhs, scope), type_expr(e.rhs, scope)
     if e.op in _LOGICAL:
         return replace(e, lhs=to_bool(lhs), rhs=to_bool(rhs), dtype="bool")
-    common = unify([lhs, rhs])
+    common = computes_in(unify([lhs, rhs]))
     if e.op in _COMPARISON:
         return replace(e, lhs=coerce(lhs, common), rhs=coerce(rhs, common), dtype="bool")
     if common == "bool":
@@ -661,7 +714,7 @@ def type_call(e: A.Call, scope: _Scope) -> A.Expr:
     if e.func in FLOAT_BUILTINS:
         common = "float64" if any(a.dtype == "float64" for a in args) else "float32"
     else:
-        common = unify(args)
+        common = computes_in(unify(args))
         if e.func in INTEGER_BUILTINS and not (common.startswith("int") or common.startswith("uint")):
             raise _error(f"'{e.func}' takes integers, got {common}", e.span, "convert the arguments to an integer type")
     return replace(e, args=tuple(coerce(a, common) for a in args), dtype=common)

@@ -17,6 +17,12 @@ statement an in-place update::
 Sizes are integer literals (shapes are static), every index gets an explicit ``where`` range, inputs are
 named ``X<k>``, outputs ``Y<k>``, temporaries ``T<k>``, so identical groups give identical text.
 
+float16 and bfloat16 tensors are the language's storage types (``half``, ``bfloat16``): a node computes in
+float32 (its temporaries are float32, so reductions accumulate in float32) and its float16/bfloat16 output is
+rounded once (:func:`rounded`, ``half(...)`` around the node's expression), as numpy computes a float16 ufunc;
+the rounded values stay lazy, so fusion is unchanged. Inside a converter a bfloat16 value looks like a float32
+one (:func:`value_dtype`: numpy calls ml_dtypes' bfloat16 kind ``V``).
+
 Converters are plain functions ``convert_<op>(b, node) -> list[Val]`` in :mod:`polyc.onnx.ops`, chosen by opset
 through :data:`CONVERTERS` (``(since_version, function)`` pairs, TVM's ``_impl_vN`` idea).
 """
@@ -36,20 +42,39 @@ from .load import MIN_OPSET
 
 
 def tc_type(dtype) -> str:
-    """The TC spelling of a numpy dtype (``float`` for float32, ``double`` for float64)."""
+    """The TC spelling of a numpy dtype (``float`` for float32, ``double`` for float64, ``half`` for float16,
+    ``bfloat16`` for ml_dtypes' bfloat16)."""
     name = np.dtype(dtype).name
     if name == "float32":
         return "float"
     if name == "float64":
         return "double"
-    if name in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
+    if name == "float16":
+        return "half"
+    if name in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bfloat16"):
         return name
     raise UnsupportedError(f"dtype {name} is not supported by polyc kernels")
 
 
-def lit(value, dtype=np.float32) -> str:
-    """A literal for ``value``: positional float text (``0.02``, ``(-1.5)``) or an int, parenthesised if negative."""
+#: The storage types (TC ``half`` and ``bfloat16``): stored in 2 bytes, computed in float32.
+STORAGE = ("float16", "bfloat16")
+
+
+def value_dtype(dtype) -> np.dtype:
+    """The dtype a converter sees for a tensor of ``dtype``: float32 for bfloat16 (its values compute as
+    float32, and numpy's kind of ml_dtypes' bfloat16 is ``V``), else ``dtype``."""
     dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.name == "bfloat16" else dtype
+
+
+def lit(value, dtype=np.float32) -> str:
+    """A literal for ``value``: positional float text (``0.02``, ``(-1.5)``) or an int, parenthesised if negative.
+
+    A float literal computes as float32 next to a float16/bfloat16 value, so it is written as one (an
+    infinity as float32's largest value, which rounds to infinity when stored in 2 bytes)."""
+    dtype = np.dtype(dtype)
+    if dtype.name in STORAGE:
+        dtype, value = np.dtype(np.float32), float(value)
     if dtype.kind == "f":
         v = np.float32(value) if dtype == np.float32 else np.float64(value)
         if np.isinf(v):
@@ -135,7 +160,7 @@ class Builder:
         if name in self.consts and np.asarray(self.consts[name]).size == 1:
             arr = np.asarray(self.consts[name])
             text = lit(arr.reshape(-1)[0], arr.dtype)
-            v = Val(tuple(arr.shape), arr.dtype, lambda idx, t=text: t)
+            v = Val(tuple(arr.shape), value_dtype(arr.dtype), lambda idx, t=text: t)
         else:
             info = self.tensors[name]
             v = self.add_param(name, info.shape, info.dtype)
@@ -156,6 +181,7 @@ class Builder:
 
     @staticmethod
     def tensor_val(tc: str, shape: tuple, dtype) -> Val:
+        dtype = value_dtype(dtype)
         if len(shape) == 0:
             return Val(shape, np.dtype(dtype), lambda idx, t=tc: t, tc)
         return Val(shape, np.dtype(dtype), lambda idx, t=tc: f"{t}({', '.join(idx)})", tc)
@@ -180,7 +206,7 @@ class Builder:
         return self.tensors[node["outputs"][k]].shape
 
     def out_dtype(self, node: dict, k: int = 0):
-        return self.tensors[node["outputs"][k]].dtype
+        return value_dtype(self.tensors[node["outputs"][k]].dtype)
 
     # ---- statements ----
     def emit(self, shape, dtype, body: Callable, op: str = "=", reductions=(), name: str | None = None) -> Val:
@@ -270,6 +296,15 @@ def _finish_output(b: Builder, v: Val, name: str, keep=frozenset()) -> None:
         return
 
 
+def rounded(v: Val, dtype) -> Val:
+    """The output ``v`` of a node whose ONNX type is ``dtype``: for float16/bfloat16 rounded to it (lazily,
+    ``half(...)``), unless it is read from a kernel parameter (already of that type); else ``v``."""
+    if dtype is None or np.dtype(dtype).name not in STORAGE or (v.tensor or "").startswith("X"):
+        return v
+    t = tc_type(dtype)
+    return Val(v.shape, value_dtype(dtype), lambda idx: f"{t}({v.at(idx)})", None, v.cheap or v.tensor is not None)
+
+
 def _same_ranges(a: str, b: str, rank: int) -> bool:
     def ranges(text):
         return [m for m in re.findall(r"\bi(\d+) in 0:(\d+)", text)][:rank]
@@ -298,12 +333,16 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
                                f"{type(e).__name__}: {e}") from e
         for name, v in zip(node["outputs"], outs):
             if name and v is not None:
-                b.values[name] = v
+                b.values[name] = rounded(v, getattr(b.tensors.get(name), "dtype", None))
     out_names = []
     outputs_kept = frozenset(b.values[o].tensor for o in group.outputs if b.values[o].tensor)
     for k, onnx_name in enumerate(group.outputs):
         tc = f"Y{k}"
-        _finish_output(b, b.values[onnx_name], tc, outputs_kept)
+        v, dtype = b.values[onnx_name], np.dtype(b.tensors[onnx_name].dtype)
+        if dtype.name in STORAGE:  # already rounded: no float32 temporary may become the output in place
+            b.materialize(v, name=tc)
+        else:
+            _finish_output(b, v, tc, outputs_kept)
         out_names.append(tc)
     tc_shapes = {}
     params = []
@@ -354,8 +393,8 @@ def check_supported(g: nx.DiGraph) -> None:
         problems.extend(check_node(g, nid, d))
     for name in g.graph["inputs"] + [t for _, d in g.nodes(data=True) for t in d["outputs"] if t]:
         info = g.graph["tensors"].get(name)
-        if info is not None and info.dtype is not None and (np.dtype(info.dtype).name in ("float16", "bfloat16")
-                                                            or np.dtype(info.dtype).kind in "OUSVcMm"):
+        if info is not None and info.dtype is not None and (np.dtype(info.dtype).name != "bfloat16"
+                                                            and np.dtype(info.dtype).kind in "OUSVcMm"):
             kind = "string" if np.dtype(info.dtype).kind in "OUS" else np.dtype(info.dtype).name
             problems.append(f"tensor {name!r} has dtype {kind}, which polyc does not support")
     if problems:
