@@ -9,9 +9,12 @@ virtual environment, never in polyc's own (the test suite reads only the committ
 
 Each model is built from a small config (hidden 32-64, 2 layers, 2-4 heads, a small vocabulary) with
 seeded random weights, put in eval mode, and exported with ``torch.onnx.export`` (the TorchScript
-exporter, ``dynamo=False``: the graphs most published ONNX models have) at opset 17 with fixed shapes.
-Models that take an ``attention_mask`` are exported with it, and the stored masks have zeros (padding),
-so the mask arithmetic (Where, Expand, Equal, CumSum, ...) is exercised for real.
+exporter, ``dynamo=False``: the graphs most published ONNX models have; ``bert_dynamo`` is the same BERT
+through the torch.export-based exporter, ``dynamo=True``, torch's default since 2.9) at opset 17 with
+fixed shapes. BERT and GPT-2 use transformers' default attention (``sdpa``: the exported mask handling
+has IsNaN and Where), RoBERTa, T5 and wav2vec2 the ``eager`` one (explicit MatMul, Add of the mask,
+Softmax). Models that take an ``attention_mask`` are exported with it, and the stored masks have zeros
+(padding), so the mask arithmetic (Where, Expand, Equal, CumSum, ...) is exercised for real.
 
 For each NAME it writes ``NAME.onnx`` (checked with ``onnx.checker``, kept under about 1 MB) and
 ``NAME.npz``: the seeded inputs under the graph's input names and onnxruntime's outputs under the
@@ -65,7 +68,7 @@ def bert(rng):
     from transformers import BertConfig, BertModel
     config = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=16, type_vocab_size=2,
-                        initializer_range=0.1, attn_implementation="eager")
+                        initializer_range=0.1, attn_implementation="sdpa")
     model = BertModel(config)
     batch, seq = 2, 12
     inputs = {"input_ids": _ids(rng, (batch, seq), 128),
@@ -77,7 +80,8 @@ def bert(rng):
 def gpt2(rng):
     from transformers import GPT2Config, GPT2Model
     config = GPT2Config(vocab_size=128, n_positions=16, n_embd=32, n_layer=2, n_head=2, n_inner=64,
-                        bos_token_id=0, eos_token_id=0, initializer_range=0.1, use_cache=False, attn_implementation="eager")
+                        bos_token_id=0, eos_token_id=0, initializer_range=0.1, use_cache=False,
+                        attn_implementation="sdpa")
     model = GPT2Model(config)
     batch, seq = 2, 12
     inputs = {"input_ids": _ids(rng, (batch, seq), 128),
@@ -227,24 +231,27 @@ def lstm_gru(rng):
     return model, inputs, ("y", "h", "c", "gru_h")
 
 
-MODELS = {"bert": bert, "gpt2": gpt2, "roberta": roberta, "t5_encoder": t5_encoder, "wav2vec2": wav2vec2,
-          "mobilenetv3": mobilenetv3, "lstm_gru": lstm_gru}
-TRANSFORMERS = {"bert", "gpt2", "roberta", "t5_encoder", "wav2vec2"}
+#: name -> (builder, exported with the torch.export-based exporter)
+MODELS = {"bert": (bert, False), "bert_dynamo": (bert, True), "gpt2": (gpt2, False), "roberta": (roberta, False),
+          "t5_encoder": (t5_encoder, False), "wav2vec2": (wav2vec2, False), "mobilenetv3": (mobilenetv3, False),
+          "lstm_gru": (lstm_gru, False)}
+TRANSFORMERS = {bert, gpt2, roberta, t5_encoder, wav2vec2}
 
 
 def export(name: str, out_dir: str) -> None:
     """Build, export, check and run model ``name``; write ``out_dir/name.onnx`` and ``name.npz``."""
     torch.manual_seed(SEED)
     rng = np.random.default_rng(SEED)
-    model, inputs, outputs = MODELS[name](rng)
-    if name in TRANSFORMERS:
+    build, dynamo = MODELS[name]
+    model, inputs, outputs = build(rng)
+    if build in TRANSFORMERS:
         model = _Outputs(model, tuple(inputs), outputs)
     model.eval()  # the wrapper too: the exporter restores the outer module's mode recursively
     path = os.path.join(out_dir, f"{name}.onnx")
     args = tuple(inputs.values())
     with torch.no_grad():
-        torch.onnx.export(model, args, path, dynamo=False, opset_version=OPSET, input_names=list(inputs),
-                          output_names=list(outputs), do_constant_folding=True)
+        torch.onnx.export(model, args, path, dynamo=dynamo, opset_version=OPSET, input_names=list(inputs),
+                          output_names=list(outputs), do_constant_folding=True, external_data=False)
     proto = onnx.load(path)
     onnx.checker.check_model(proto, full_check=True)
     so = ort.SessionOptions()

@@ -1,8 +1,8 @@
 """Models exported from PyTorch compile with polyc and match onnxruntime.
 
-``tests/models/NAME.onnx`` are small BERT, GPT-2, RoBERTa, T5-encoder and wav2vec2 models (transformers, tiny
-configs, random weights, exported with their attention mask), a MobileNetV3-small-style net and an LSTM + GRU
-model, made by ``scripts/export_models.py`` (which needs PyTorch; these tests do not). ``NAME.npz`` holds the
+``tests/models/NAME.onnx`` are small BERT (twice: the TorchScript and the torch.export-based exporter), GPT-2,
+RoBERTa, T5-encoder and wav2vec2 models (transformers, tiny configs, random weights, exported with their
+attention mask), a MobileNetV3-small-style net and an LSTM + GRU model, made by ``scripts/export_models.py`` (which needs PyTorch; these tests do not). ``NAME.npz`` holds the
 seeded inputs under the graph's input names and onnxruntime's outputs under its output names.
 """
 import os
@@ -16,7 +16,8 @@ import polyc.onnx
 import onnxruntime as ort  # noqa: E402  (a test dependency: a missing install must fail, not skip)
 
 MODELS_DIR = os.path.join(os.path.dirname(__file__), "models")
-MODELS = ("bert", "gpt2", "roberta", "t5_encoder", "wav2vec2", "mobilenetv3", "lstm_gru")
+MODELS = ("bert", "bert_dynamo", "gpt2", "roberta", "t5_encoder", "wav2vec2", "mobilenetv3", "lstm_gru")
+MASKED = ("bert", "bert_dynamo", "gpt2", "roberta", "t5_encoder", "wav2vec2")
 
 
 def _load(name):
@@ -49,7 +50,7 @@ def test_export_matches_onnxruntime(name):
         np.testing.assert_allclose(g, want, rtol=1e-3, atol=1e-4 * scale, err_msg=f"{name}: output {out}")
 
 
-@pytest.mark.parametrize("name", ("bert", "gpt2", "roberta", "t5_encoder", "wav2vec2"))
+@pytest.mark.parametrize("name", MASKED)
 def test_attention_mask_matters(name):
     """The stored masks have padding, and onnxruntime gives other outputs for the same inputs with an
     all-ones mask: a lowering that ignored the mask would fail :func:`test_export_matches_onnxruntime`."""
