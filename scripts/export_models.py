@@ -8,13 +8,15 @@ virtual environment, never in polyc's own (the test suite reads only the committ
     /tmp/export-venv/bin/python scripts/export_models.py [--out tests/models] [NAME ...]
 
 Each model is built from a small config (hidden 32-64, 2 layers, 2-4 heads, a small vocabulary) with
-seeded random weights, put in eval mode, and exported with ``torch.onnx.export`` (the TorchScript
-exporter, ``dynamo=False``: the graphs most published ONNX models have; ``bert_dynamo`` is the same BERT
-through the torch.export-based exporter, ``dynamo=True``, torch's default since 2.9) at opset 17 with
-fixed shapes. BERT and GPT-2 use transformers' default attention (``sdpa``: the exported mask handling
-has IsNaN and Where), RoBERTa, T5 and wav2vec2 the ``eager`` one (explicit MatMul, Add of the mask,
-Softmax). Models that take an ``attention_mask`` are exported with it, and the stored masks have zeros
-(padding), so the mask arithmetic (Where, Expand, Equal, CumSum, ...) is exercised for real.
+seeded random weights, put in eval mode, and exported with ``torch.onnx.export`` at opset 17 with fixed
+shapes, through the TorchScript exporter (``dynamo=False``: the graphs most published ONNX models have)
+except ``bert_dynamo``, the same BERT through the torch.export-based one (torch's default since 2.9).
+BERT and GPT-2 use transformers' default attention (``sdpa``: the exported mask handling has IsNaN and
+Where), RoBERTa, T5 and wav2vec2 the ``eager`` one (explicit MatMul, Add of the mask, Softmax).
+Models that take an ``attention_mask`` are exported with it, and the stored masks have zeros (padding),
+so the mask arithmetic (Where, Expand, Equal, CumSum, ...) is exercised for real. ``bert_buffers`` is
+BERT called without token_type_ids (read from a buffer by a GatherElements over 128 positions);
+``wav2vec2_base`` has wav2vec2-base's GroupNorm feature extractor (InstanceNormalization) and no mask.
 
 For each NAME it writes ``NAME.onnx`` (checked with ``onnx.checker``, kept under about 1 MB) and
 ``NAME.npz``: the seeded inputs under the graph's input names and onnxruntime's outputs under the
@@ -64,16 +66,20 @@ class _Outputs(nn.Module):
         return tuple(getattr(out, f) for f in self.fields)
 
 
-def bert(rng):
+def bert(rng, token_types=True, max_positions=16):
+    """BERT; without ``token_types`` the token type ids come from a buffer the model holds (a GatherElements
+    over ``max_positions`` choices, which constant folding must handle)."""
     from transformers import BertConfig, BertModel
     config = BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=16, type_vocab_size=2,
+                        intermediate_size=64, max_position_embeddings=max_positions, type_vocab_size=2,
                         initializer_range=0.1, attn_implementation="sdpa")
     model = BertModel(config)
     batch, seq = 2, 12
     inputs = {"input_ids": _ids(rng, (batch, seq), 128),
               "attention_mask": _mask(batch, seq, (12, 7)),
               "token_type_ids": _mask(batch, seq, (5, 9)).flip(1).contiguous()}
+    if not token_types:
+        del inputs["token_type_ids"]
     return model, inputs, ("last_hidden_state", "pooler_output")
 
 
@@ -116,18 +122,22 @@ def t5_encoder(rng):
     return model, inputs, ("last_hidden_state",)
 
 
-def wav2vec2(rng):
+def wav2vec2(rng, norm="layer"):
+    """wav2vec2. ``norm="layer"`` (wav2vec2-large's layout) takes an attention_mask over the raw samples;
+    ``norm="group"`` (wav2vec2-base's) has a GroupNorm on the first feature conv (exported as
+    InstanceNormalization) and takes no mask."""
     from transformers import Wav2Vec2Config, Wav2Vec2Model
-    # feat_extract_norm="layer" is the variant that takes an attention_mask over the raw samples
     config = Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                             conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
-                            feat_extract_norm="layer", do_stable_layer_norm=True,
+                            feat_extract_norm=norm, do_stable_layer_norm=norm == "layer",
                             num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4,
                             mask_time_prob=0.0, initializer_range=0.1, attn_implementation="eager")
     model = Wav2Vec2Model(config)
     batch, samples = 2, 400
     values = torch.from_numpy(rng.standard_normal((batch, samples)).astype(np.float32))
-    inputs = {"input_values": values, "attention_mask": _mask(batch, samples, (400, 260))}
+    inputs = {"input_values": values}
+    if norm == "layer":
+        inputs["attention_mask"] = _mask(batch, samples, (400, 260))
     return model, inputs, ("last_hidden_state", "extract_features")
 
 
@@ -231,10 +241,17 @@ def lstm_gru(rng):
     return model, inputs, ("y", "h", "c", "gru_h")
 
 
-#: name -> (builder, exported with the torch.export-based exporter)
-MODELS = {"bert": (bert, False), "bert_dynamo": (bert, True), "gpt2": (gpt2, False), "roberta": (roberta, False),
-          "t5_encoder": (t5_encoder, False), "wav2vec2": (wav2vec2, False), "mobilenetv3": (mobilenetv3, False),
-          "lstm_gru": (lstm_gru, False)}
+#: name -> (builder, its keyword arguments, exported with the torch.export-based exporter)
+MODELS = {"bert": (bert, {}, False),
+          "bert_dynamo": (bert, {}, True),
+          "bert_buffers": (bert, {"token_types": False, "max_positions": 128}, False),
+          "gpt2": (gpt2, {}, False),
+          "roberta": (roberta, {}, False),
+          "t5_encoder": (t5_encoder, {}, False),
+          "wav2vec2": (wav2vec2, {}, False),
+          "wav2vec2_base": (wav2vec2, {"norm": "group"}, False),
+          "mobilenetv3": (mobilenetv3, {}, False),
+          "lstm_gru": (lstm_gru, {}, False)}
 TRANSFORMERS = {bert, gpt2, roberta, t5_encoder, wav2vec2}
 
 
@@ -242,8 +259,8 @@ def export(name: str, out_dir: str) -> None:
     """Build, export, check and run model ``name``; write ``out_dir/name.onnx`` and ``name.npz``."""
     torch.manual_seed(SEED)
     rng = np.random.default_rng(SEED)
-    build, dynamo = MODELS[name]
-    model, inputs, outputs = build(rng)
+    build, kwargs, dynamo = MODELS[name]
+    model, inputs, outputs = build(rng, **kwargs)
     if build in TRANSFORMERS:
         model = _Outputs(model, tuple(inputs), outputs)
     model.eval()  # the wrapper too: the exporter restores the outer module's mode recursively

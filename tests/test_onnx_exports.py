@@ -1,8 +1,9 @@
 """Models exported from PyTorch compile with polyc and match onnxruntime.
 
-``tests/models/NAME.onnx`` are small BERT (twice: the TorchScript and the torch.export-based exporter), GPT-2,
-RoBERTa, T5-encoder and wav2vec2 models (transformers, tiny configs, random weights, exported with their
-attention mask), a MobileNetV3-small-style net and an LSTM + GRU model, made by ``scripts/export_models.py`` (which needs PyTorch; these tests do not). ``NAME.npz`` holds the
+``tests/models/NAME.onnx`` are small BERT (three exports: TorchScript, torch.export, and without token type
+ids), GPT-2, RoBERTa, T5-encoder and wav2vec2 models (transformers, tiny configs, random weights, exported with
+their attention mask; wav2vec2 also in its GroupNorm form without one), a MobileNetV3-small-style net and an
+LSTM + GRU model, made by ``scripts/export_models.py`` (which needs PyTorch; these tests do not). ``NAME.npz`` holds the
 seeded inputs under the graph's input names and onnxruntime's outputs under its output names.
 """
 import os
@@ -16,8 +17,9 @@ import polyc.onnx
 import onnxruntime as ort  # noqa: E402  (a test dependency: a missing install must fail, not skip)
 
 MODELS_DIR = os.path.join(os.path.dirname(__file__), "models")
-MODELS = ("bert", "bert_dynamo", "gpt2", "roberta", "t5_encoder", "wav2vec2", "mobilenetv3", "lstm_gru")
-MASKED = ("bert", "bert_dynamo", "gpt2", "roberta", "t5_encoder", "wav2vec2")
+MODELS = ("bert", "bert_dynamo", "bert_buffers", "gpt2", "roberta", "t5_encoder", "wav2vec2", "wav2vec2_base",
+          "mobilenetv3", "lstm_gru")
+MASKED = ("bert", "bert_dynamo", "bert_buffers", "gpt2", "roberta", "t5_encoder", "wav2vec2")
 
 
 def _load(name):
