@@ -20,7 +20,8 @@ BERT called without token_type_ids (read from a buffer by a GatherElements over 
 
 For each NAME it writes ``NAME.onnx`` (checked with ``onnx.checker``, kept under about 1 MB) and
 ``NAME.npz``: the seeded inputs under the graph's input names and onnxruntime's outputs under the
-graph's output names. It prints, per model, the file size and the op types with their counts.
+graph's output names. It prints, per model, the file size and the op types with their counts, and
+writes them to ``README.md`` beside the models.
 """
 from __future__ import annotations
 
@@ -283,18 +284,39 @@ def export(name: str, out_dir: str) -> None:
     for n, g, w in zip(outputs, got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"{name}: {n}, torch vs onnxruntime")
     np.savez(os.path.join(out_dir, f"{name}.npz"), **feeds, **dict(zip(outputs, got)))
-    counts = collections.Counter(n.op_type for n in proto.graph.node)
-    size = os.path.getsize(path)
-    print(f"{name}: {size / 1024:.0f} KiB, {len(proto.graph.node)} nodes, inputs "
-          + ", ".join(f"{n}{list(v.shape)}" for n, v in feeds.items()))
-    print("  " + ", ".join(f"{op} {k}" for op, k in sorted(counts.items(), key=lambda x: (-x[1], x[0]))))
-    if size > 1 << 20:
+    print(summary(path))
+    if os.path.getsize(path) > 1 << 20:
         print(f"  warning: {name}.onnx is over 1 MiB", file=sys.stderr)
+
+
+def summary(path: str) -> str:
+    """One markdown paragraph for ``path``: file size, inputs, node count, op types with their counts."""
+    proto = onnx.load(path)
+    counts = collections.Counter(n.op_type for n in proto.graph.node)
+    inputs = ", ".join(f"`{i.name}` {[d.dim_value for d in i.type.tensor_type.shape.dim]}" for i in proto.graph.input)
+    ops = ", ".join(f"{op} {k}" for op, k in sorted(counts.items(), key=lambda x: (-x[1], x[0])))
+    name = os.path.basename(path)[:-5]
+    return (f"- **{name}** ({os.path.getsize(path) / 1024:.0f} KiB, {len(proto.graph.node)} nodes; inputs {inputs}): "
+            f"{ops}")
+
+
+def write_readme(out_dir: str) -> None:
+    """``out_dir/README.md``: what made the files and, per model, :func:`summary`."""
+    lines = ["# Exported test models", "",
+             "Made by `scripts/export_models.py` (see its docstring: it needs PyTorch and transformers, the tests",
+             "do not), checked by `tests/test_onnx_exports.py`. `NAME.npz` holds the inputs under the graph's input",
+             "names and onnxruntime's outputs under its output names. Op types as exported, before polyc's passes:",
+             ""]
+    lines += [summary(os.path.join(out_dir, f"{name}.onnx")) for name in MODELS
+              if os.path.exists(os.path.join(out_dir, f"{name}.onnx"))]
+    with open(os.path.join(out_dir, "README.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("names", nargs="*", metavar="NAME", help="models to export (default: all): " + ", ".join(MODELS))
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help="models to export (default: all): " + ", ".join(MODELS))
     parser.add_argument("--out", default=os.path.join(ROOT, "tests", "models"))
     opts = parser.parse_args(argv)
     unknown = [n for n in opts.names if n not in MODELS]
@@ -303,6 +325,7 @@ def main(argv=None):
     os.makedirs(opts.out, exist_ok=True)
     for name in opts.names or MODELS:
         export(name, opts.out)
+    write_readme(opts.out)
 
 
 if __name__ == "__main__":
