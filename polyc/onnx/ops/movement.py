@@ -129,7 +129,7 @@ def pad(b: Builder, node):
     else:
         pads = [int(v) for v in b.const_input(node, 1, "pads").reshape(-1)]
         cv = b.input(node, 2)
-        value = (lambda t=lit(0, x.dtype): t) if cv is None else (lambda v=cv: v.at([]))
+        value = (lambda t=lit(0, x.dtype): t) if cv is None else (lambda v=cv: v.at(["0"] * len(v.shape)))
         axes = b.const_input(node, 3, "axes") if b.opset >= 18 else None
         if axes is not None:
             axes = [norm_axis(int(a), rank) for a in axes.reshape(-1)]

@@ -183,9 +183,10 @@ def lp_normalization(b: Builder, node):
         return f"fabs({e})" if p == 1 else f"{e} * {e}"
     s = b.emit(tuple(kept_shape), t, term, reduce_op_for(real), real)
 
-    def text(idx):
+    def text(idx):  # a zero norm gives 0, as onnx's test data and onnxruntime have it (the spec is silent)
         k = [idx[i] for i in kept]
-        return f"({x.at(idx)} / {s.at(k) if p == 1 else f'sqrt({s.at(k)})'})"
+        norm = s.at(k) if p == 1 else f"sqrt({s.at(k)})"
+        return f"({s.at(k)} == {lit(0, t)} ? {lit(0, t)} : {x.at(idx)} / {norm})"
     return [lazy(x.shape, t, text)]
 
 

@@ -83,8 +83,9 @@ def _math(fn: str):
 def cast_like(b: Builder, node):
     """CastLike(input, target_type): ``input`` converted to ``target_type``'s dtype as Cast does."""
     x = b.input(node, 0)
-    to = np.dtype(b.out_dtype(node))
-    if to == x.dtype:
+    # the stored dtypes: a converter sees bfloat16 as float32, but float32 -> bfloat16 still rounds
+    to = np.dtype(b.tensors[node["outputs"][0]].dtype)
+    if to == np.dtype(b.tensors[node["inputs"][0]].dtype):
         return [x]
     if to.kind == "b":
         return [lazy(x.shape, to, lambda idx: f"({x.at(idx)} != {zero(x.dtype)})")]
