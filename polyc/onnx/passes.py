@@ -100,8 +100,37 @@ def _static_shape_value(g: nx.DiGraph, d: dict):
     return shape[start:end]
 
 
+def _gather_elements(d: dict, values: list) -> list:
+    """GatherElements (ONNX spec, opset 11+; 13 widens the types): ``out[i..] = data[i.. with i_axis =
+    indices[i..]]``, negative indices counted from the end. onnx's reference uses ``np.choose``, which
+    takes at most 64 choices (and its fallback reshapes wrongly), so folding uses ``np.take_along_axis``.
+    ``indices`` may be smaller than ``data`` on the other axes (the output has its shape).
+    Raises ValueError for a rank mismatch or an index out of range (the node then stays unfolded)."""
+    data, indices = np.asarray(values[0]), np.asarray(values[1]).astype(np.int64)
+    rank = data.ndim
+    axis = int(d["attrs"].get("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    if indices.ndim != rank or not 0 <= axis < rank:
+        raise ValueError(f"GatherElements: indices of rank {indices.ndim}, data of rank {rank}, axis {axis}")
+    if any(i > n for k, (i, n) in enumerate(zip(indices.shape, data.shape)) if k != axis):
+        raise ValueError("GatherElements: indices larger than data outside the axis")
+    n = data.shape[axis]
+    if indices.size and (indices.min() < -n or indices.max() >= n):
+        raise ValueError(f"GatherElements: an index is out of range for extent {n}")
+    indices = np.where(indices < 0, indices + n, indices)
+    view = data[tuple(slice(None) if k == axis else slice(0, indices.shape[k]) for k in range(rank))]
+    return [np.take_along_axis(view, indices, axis=axis)]
+
+
+#: Ops folded by polyc's own numpy code, where onnx's reference evaluator is wrong or limited.
+FOLDERS = {"GatherElements": _gather_elements}
+
+
 def evaluate_node(d: dict, values: list, opset: int) -> list:
-    """Run one node on numpy inputs with :class:`onnx.reference.ReferenceEvaluator`."""
+    """Run one node on numpy inputs: polyc's own code for the ops in :data:`FOLDERS`, else
+    :class:`onnx.reference.ReferenceEvaluator`. Any exception means the node cannot be evaluated."""
+    if d["op"] in FOLDERS and all(v is not None for v in values):
+        return FOLDERS[d["op"]](d, values)
     if d["op"] == "Constant":
         a = d["attrs"]
         for key in ("value", "value_float", "value_int"):
@@ -125,6 +154,8 @@ def evaluate_node(d: dict, values: list, opset: int) -> list:
                               opset_imports=[helper.make_opsetid("", opset)])
     ev = ReferenceEvaluator(model)
     result = ev.run(None, {n: v for n, v in zip(names, values) if n})
+    if any(r is None or isinstance(r, (list, tuple, dict)) for r in result):
+        raise ValueError(f"{d['op']} yields a sequence, a map or an absent optional, not a tensor")
     return [np.asarray(r) for r in result]
 
 
@@ -150,12 +181,34 @@ def _check_fold_size(g: nx.DiGraph, nid: str, d: dict, values: list) -> None:
             raise error
 
 
+def _fits_outputs(g: nx.DiGraph, d: dict, results) -> bool:
+    """Whether folded ``results`` can replace the node: one numpy array per named output, each with the
+    shape onnx inferred for it (when it inferred one); otherwise the node stays to be compiled."""
+    try:
+        results = list(results)
+    except TypeError:
+        return False
+    names = list(d["outputs"])
+    if len(results) < len([o for o in names if o]):
+        return False
+    for name, value in zip(names, results):
+        if not name:
+            continue
+        if not isinstance(value, np.ndarray) or value.dtype.kind in "OUSV":
+            return False
+        info = g.graph["tensors"].get(name)
+        if info is not None and info.shape is not None and tuple(info.shape) != tuple(value.shape):
+            return False
+    return True
+
+
 def fold_constants(g: nx.DiGraph) -> nx.DiGraph:
     """Evaluate every node whose inputs are all compile-time constants; Shape/Size of static tensors fold too.
 
-    The folded node disappears and its outputs join ``g.graph["constants"]``. A node onnx's reference
-    evaluator cannot run stays in the graph (later checks name what is wrong with it); one whose output
-    would not fit in memory raises :class:`~polyc.errors.UnsupportedError` giving the bytes needed.
+    The folded node disappears and its outputs join ``g.graph["constants"]``. A node that cannot be evaluated
+    (any exception from :func:`evaluate_node`, or results that are not arrays of the inferred shapes) stays
+    in the graph to be compiled, and later checks name what is wrong with it; one whose output would not fit
+    in memory raises :class:`~polyc.errors.UnsupportedError` giving the bytes needed.
     """
     g = copy_graph(g)
     consts = g.graph["constants"]
@@ -175,9 +228,9 @@ def fold_constants(g: nx.DiGraph) -> nx.DiGraph:
             _check_fold_size(g, nid, d, values)
             try:
                 results = evaluate_node(d, values, g.graph["opset"])
-            except Exception:  # onnx's reference evaluator rejects the node: it stays, later checks name it
+            except Exception:  # noqa: BLE001 - whatever the evaluator raises, the node stays to be compiled
                 continue
-            if len(results) < len([o for o in d["outputs"] if o]):
+            if not _fits_outputs(g, d, results):
                 continue
         remove_op(g, nid)
         for name, value in zip(d["outputs"], results):

@@ -1,0 +1,98 @@
+"""Graph-level ONNX behaviour (issue 10): constant folding that never lets a foreign exception out, opsets
+older than 7 converted with onnx's version converter, zero-size tensors, grouped UnsupportedError messages,
+and the conformance script (scripts/onnx_conformance.py) on a handful of cases.
+
+Results are compared with onnxruntime (or numpy where onnxruntime refuses the model).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import polyc.onnx
+from polyc.errors import PolycError, UnsupportedError
+from polyc.onnx import passes
+from polyc.onnx.graph import from_model
+from polyc.onnx.load import load_model
+
+import onnxruntime as ort  # noqa: E402  (a test dependency: a missing install must fail, not skip)
+
+ROOT = Path(__file__).resolve().parents[1]
+RNG = np.random.default_rng(10)
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=17):
+    graph = helper.make_graph(nodes, "t", inputs, outputs, initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = max(3, helper.find_min_ir_version_for(list(model.opset_import)))
+    return model
+
+
+def vi(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def ort_run(model, feeds):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+# ---- constant folding -------------------------------------------------------------------------------------------
+
+def _gather_elements_model(data, indices, axis, opset=17):
+    """``y = x + float(GatherElements(data, indices))``: the gather folds, only the Add is compiled."""
+    shape = list(indices.shape)
+    nodes = [helper.make_node("GatherElements", ["d", "i"], ["t"], axis=axis),
+             helper.make_node("Cast", ["t"], ["tf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "tf"], ["y"])]
+    return make_model(nodes, [vi("x", shape)], [vi("y", shape)],
+                      [numpy_helper.from_array(data, "d"), numpy_helper.from_array(indices, "i")], opset)
+
+
+@pytest.mark.parametrize("data_shape,index_shape,axis", [
+    ((1, 512), (1, 128), 1),      # a BERT token_type_ids buffer: 512 choices, past np.choose's 64
+    ((3, 97), (3, 67), -1),       # odd primes, a negative axis
+    ((200, 5), (131, 5), 0),      # along axis 0
+    ((2, 70, 3), (2, 65, 1), 1),  # indices smaller than data on another axis
+])
+def test_gather_elements_with_many_choices_folds(data_shape, index_shape, axis):
+    data = RNG.integers(0, 2, data_shape).astype(np.int64)
+    n = data_shape[axis]
+    indices = RNG.integers(-n, n, index_shape).astype(np.int64)
+    model = _gather_elements_model(data, indices, axis)
+    folded = passes.fold_constants(from_model(load_model(model)))
+    assert "GatherElements" not in {d["op"] for _, d in folded.nodes(data=True)}
+    x = RNG.standard_normal(index_shape).astype(np.float32)
+    got = polyc.onnx.compile(model)(x)[0]
+    np.testing.assert_allclose(got, ort_run(model, {"x": x})[0], rtol=1e-6)
+
+
+def test_a_node_that_cannot_be_folded_stays():
+    # an index out of range: polyc's GatherElements raises, the node stays for later checks to name
+    data = np.zeros((1, 100), np.int64)
+    indices = np.full((1, 5), 100, np.int64)
+    model = _gather_elements_model(data, indices, 1)
+    folded = passes.fold_constants(from_model(load_model(model)))
+    assert "GatherElements" in {d["op"] for _, d in folded.nodes(data=True)}
+    with pytest.raises(PolycError):
+        polyc.onnx.compile(model)
+
+
+def test_evaluator_exceptions_never_escape(monkeypatch):
+    def broken(d, values, opset):
+        raise ValueError("np.choose: too many choices")
+    monkeypatch.setattr(passes, "evaluate_node", broken)
+    data = np.zeros((1, 100), np.int64)
+    model = _gather_elements_model(data, np.zeros((1, 5), np.int64), 1)
+    folded = passes.fold_constants(from_model(load_model(model)))
+    assert "GatherElements" in {d["op"] for _, d in folded.nodes(data=True)}
