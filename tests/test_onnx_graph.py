@@ -96,3 +96,53 @@ def test_evaluator_exceptions_never_escape(monkeypatch):
     model = _gather_elements_model(data, np.zeros((1, 5), np.int64), 1)
     folded = passes.fold_constants(from_model(load_model(model)))
     assert "GatherElements" in {d["op"] for _, d in folded.nodes(data=True)}
+
+
+# ---- UnsupportedError: grouped by operator, ends with what is supported -----------------------------------------
+
+def test_unsupported_error_groups_by_operator_and_lists_supported_ops():
+    nodes, prev = [], "x"
+    for k in range(19):
+        nodes.append(helper.make_node("HardSwish", [prev], [f"a{k}"], name=f"hs{k}"))
+        prev = f"a{k}"
+    nodes += [helper.make_node("Pad", [prev, "p"], ["b"], mode="reflect", name="pad1"),
+              helper.make_node("Pad", ["b", "p"], ["c"], mode="reflect", name="pad2"),
+              helper.make_node("Einsum", ["c", "c"], ["y"], equation="ij,ij->ij", name="e")]
+    model = make_model(nodes, [vi("x", [3, 4])], [vi("y", [7, 8])],
+                       [numpy_helper.from_array(np.ones(4, np.int64), "p")])
+    with pytest.raises(UnsupportedError) as e:
+        polyc.onnx.compile(model)
+    text = e.value.message
+    assert "3 unsupported feature(s)" in text
+    assert "unsupported operator HardSwish ×19 (first: node hs0, opset 17)" in text
+    assert "unsupported attribute mode=reflect (Pad) ×2 (first: node pad1)" in text
+    assert "unsupported operator Einsum on node e (opset 17)" in text
+    assert text.count("hs1") == 0 and text.count("pad2") == 0  # every problem once
+    supported = text.split("polyc supports", 1)[1]
+    assert "Conv," in supported and "Reshape" in supported and "HardSwish" not in supported
+
+
+def _sequence_model():
+    nodes = [helper.make_node("SequenceInsert", ["s", "t"], ["out"])]
+    seq = helper.make_tensor_sequence_value_info
+    return make_model(nodes, [seq("s", TensorProto.INT64, None), vi("t", [2], TensorProto.INT64)],
+                      [seq("out", TensorProto.INT64, None)], opset=12)
+
+
+def test_sequence_inputs_are_a_clean_error():
+    with pytest.raises(UnsupportedError, match=r"input 's' has type seq\(tensor\(int64\)\).*tensors only"):
+        polyc.onnx.compile(_sequence_model())
+    import polyc.onnx.backend as backend
+    with pytest.raises(UnsupportedError, match="input 's' has type seq"):
+        backend.prepare(_sequence_model()).run([[np.zeros(2, np.int64), np.ones(3, np.int64)],
+                                                 np.ones(2, np.int64)])
+
+
+def test_unsupported_producer_without_static_shape_is_reported_as_unsupported():
+    # SequenceConstruct -> ConcatFromSequence: no tensor shape for the sequence; the ops are named, no ShapeError
+    nodes = [helper.make_node("SequenceConstruct", ["x", "x"], ["s"], name="mk"),
+             helper.make_node("ConcatFromSequence", ["s"], ["c"], axis=0, name="cat"),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, [vi("x", [2, 3])], [vi("y", [4, 3])], opset=12)
+    with pytest.raises(UnsupportedError, match="(?s)SequenceConstruct on node mk.*ConcatFromSequence on node cat"):
+        polyc.onnx.compile(model)

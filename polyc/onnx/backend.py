@@ -17,7 +17,7 @@ from onnx.backend.base import Backend, BackendRep
 
 from ..errors import UnsupportedError
 from .api import CompiledModel, compile as _compile
-from .load import read_model
+from .load import check_tensor_types, read_model
 from .ops import CONSTANT_INPUTS
 
 
@@ -78,6 +78,7 @@ class PolycRep(BackendRep):
         self.compiled = None
         self.specialized: dict = {}
         self.lock = threading.Lock()
+        check_tensor_types(model)  # a sequence input would otherwise meet numpy at the first run
         if not self.frozen and not _is_dynamic(model):
             self.compiled = _compile(model, options=options)
 

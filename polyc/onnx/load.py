@@ -182,6 +182,37 @@ def _check_static_inputs(model: onnx.ModelProto) -> None:
                              hint=f'pin it with input_shapes={{"{vi.name}": ({example},)}}')
 
 
+def _type_text(type_proto: onnx.TypeProto) -> str:
+    """``seq(tensor(float))``, ``optional(tensor(int64))``, ``map(string, float)``: ONNX's type notation."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "tensor_type":
+        elem = onnx.TensorProto.DataType.Name(type_proto.tensor_type.elem_type).lower()
+        return f"tensor({elem})"
+    if kind == "sparse_tensor_type":
+        return "sparse_tensor"
+    if kind == "sequence_type":
+        return f"seq({_type_text(type_proto.sequence_type.elem_type)})"
+    if kind == "optional_type":
+        return f"optional({_type_text(type_proto.optional_type.elem_type)})"
+    if kind == "map_type":
+        key = onnx.TensorProto.DataType.Name(type_proto.map_type.key_type).lower()
+        return f"map({key}, {_type_text(type_proto.map_type.value_type)})"
+    return "an undeclared type"
+
+
+def check_tensor_types(model: onnx.ModelProto) -> None:
+    """Raise :class:`~polyc.errors.UnsupportedError` naming every graph input and output that is not a
+    tensor (a sequence, an optional, a map, a sparse tensor): polyc compiles tensor programs only."""
+    problems = []
+    for where, values in (("input", graph_inputs(model)), ("output", model.graph.output)):
+        for vi in values:
+            if vi.type.WhichOneof("value") != "tensor_type":
+                problems.append(f"{where} {vi.name!r} has type {_type_text(vi.type)}")
+    if problems:
+        raise UnsupportedError("; ".join(problems) + ": polyc compiles tensors only (no sequences, optionals, "
+                               "maps or sparse tensors)")
+
+
 def _check_defined(model: onnx.ModelProto) -> None:
     """Every tensor a node reads is a graph input, an initializer or an earlier node's output."""
     known = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer} | {""}
@@ -243,6 +274,7 @@ def load_model(model: ModelLike, input_shapes: Mapping[str, Sequence[int]] | Non
             if used:
                 raise UnsupportedError(f"operators of domain {imp.domain!r} are not supported, used by node(s) "
                                        f"{', '.join(used[:10])}" + (" ..." if len(used) > 10 else ""))
+    check_tensor_types(proto)
     proto = _supported_opset(proto)
     _check_defined(proto)
     if not proto.graph.output:

@@ -23,6 +23,7 @@ through :data:`CONVERTERS` (``(since_version, function)`` pairs, TVM's ``_impl_v
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -324,32 +325,75 @@ def lower_groups(g: nx.DiGraph, groups: list) -> list:
 
 # ---- the supported-op check ------------------------------------------------------------------------------------
 
+#: Ops with no kernel of their own: their output is their input's memory under another shape.
+ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+
+
+def supported_ops(opset: int) -> list:
+    """The default-domain ops polyc compiles at ``opset``: those with a converter, and the alias ops."""
+    from .ops import CONVERTERS, converter
+
+    return sorted({op for op in CONVERTERS if converter(op, opset) is not None} | set(ALIAS_OPS))
+
+
+def _grouped(problems: list) -> list:
+    """``(key, node, text)`` problems as one line per key, in order of first appearance: the text itself
+    when it occurs once, else ``what ×count (first: node ...)``."""
+    groups: dict = {}
+    for key, node, text in problems:
+        groups.setdefault(key, []).append((node, text))
+    lines = []
+    for key, items in groups.items():
+        if len(items) == 1:
+            lines.append(items[0][1])
+        else:
+            lines.append(f"{key} ×{len(items)} (first: {items[0][0]})")
+    return lines
+
+
 def check_supported(g: nx.DiGraph) -> None:
-    """Raise :class:`~polyc.errors.UnsupportedError` listing *every* unsupported node and attribute at once."""
+    """Raise :class:`~polyc.errors.UnsupportedError` listing *every* unsupported node and attribute at once.
+
+    Problems are grouped: one line per unsupported operator (``unsupported operator HardSwish ×19 (first:
+    node hs_3, opset 17)``), per unsupported attribute value, per unsupported dtype; a problem seen once is
+    named with its node. The message ends with the list of supported operators at the model's opset.
+    """
     from .ops import check_node, converter
 
     opset = g.graph["opset"]
-    problems = []
+    problems = []  # (group key, first node, full text)
     if opset < MIN_OPSET:
-        problems.append(f"opset {opset} is older than the oldest supported opset {MIN_OPSET}")
+        text = f"opset {opset} is older than the oldest supported opset {MIN_OPSET}"
+        problems.append((text, "", text))
     newest = onnx.defs.onnx_opset_version()
     if opset > newest:
-        problems.append(f"opset {opset} is newer than the installed onnx ({newest})")
+        text = f"opset {opset} is newer than the installed onnx ({newest})"
+        problems.append((text, "", text))
     for nid, d in sorted(g.nodes(data=True), key=lambda x: x[1]["order"]):
         if d.get("domain", "") not in ("", "ai.onnx"):
-            problems.append(f"unsupported operator {d['domain']}.{d['op']} on node {nid}")
+            key = f"unsupported operator {d['domain']}.{d['op']}"
+            problems.append((key, f"node {nid}", f"{key} on node {nid}"))
             continue
-        if d["op"] in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"):
+        if d["op"] in ALIAS_OPS:
             pass
         elif converter(d["op"], opset) is None:
-            problems.append(f"unsupported operator {d['op']} on node {nid} (opset {opset})")
+            key = f"unsupported operator {d['op']}"
+            problems.append((key, f"node {nid}, opset {opset}", f"{key} on node {nid} (opset {opset})"))
             continue
-        problems.extend(check_node(g, nid, d))
+        for text in check_node(g, nid, d):
+            key = re.sub(rf" (on|of) node {re.escape(nid)}\b", "", text)
+            key = re.sub(r" \('[^']*'\)", "", key)  # an input's tensor name differs from node to node
+            problems.append((key, f"node {nid}", text))
     for name in g.graph["inputs"] + [t for _, d in g.nodes(data=True) for t in d["outputs"] if t]:
         info = g.graph["tensors"].get(name)
         if info is not None and info.dtype is not None and (np.dtype(info.dtype).name in ("float16", "bfloat16")
                                                             or np.dtype(info.dtype).kind in "OUSVcMm"):
             kind = "string" if np.dtype(info.dtype).kind in "OUS" else np.dtype(info.dtype).name
-            problems.append(f"tensor {name!r} has dtype {kind}, which polyc does not support")
+            problems.append((f"tensors of dtype {kind}, which polyc does not support", f"tensor {name!r}",
+                             f"tensor {name!r} has dtype {kind}, which polyc does not support"))
     if problems:
-        raise UnsupportedError(f"the model uses {len(problems)} unsupported feature(s):\n  " + "\n  ".join(problems))
+        lines = _grouped(problems)
+        ops = supported_ops(opset)
+        known = textwrap.fill(", ".join(ops), width=108, initial_indent="    ", subsequent_indent="    ")
+        raise UnsupportedError(f"the model uses {len(lines)} unsupported feature(s):\n  " + "\n  ".join(lines)
+                               + f"\npolyc supports {len(ops)} operators at opset {opset}:\n{known}")

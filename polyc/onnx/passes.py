@@ -512,10 +512,18 @@ def infer_static_shapes(g: nx.DiGraph) -> nx.DiGraph:
         if t.HasField("shape") and all(dd.HasField("dim_value") for dd in t.shape.dim):
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
             infos[vi.name] = TensorInfo(tuple(int(dd.dim_value) for dd in t.shape.dim), dtype)
+    from .lower import ALIAS_OPS
+    from .ops import converter
+
+    vague = set()  # tensors of unsupported nodes and of nodes after them: check_supported names those nodes
     for nid in topo_order(g):
         d = g.nodes[nid]
+        unsupported = d.get("domain", "") not in ("", "ai.onnx") or (
+            d["op"] not in ALIAS_OPS and converter(d["op"], g.graph["opset"]) is None)
+        if unsupported or any(t in vague for t in d["inputs"]):
+            vague.update(t for t in d["outputs"] if t and t not in infos)
         for t in d["outputs"]:
-            if not t:
+            if not t or t in vague:
                 continue
             if t not in infos:
                 raise ShapeError(f"tensor {t!r} written by node {nid} ({d['op']}) has no static shape "
