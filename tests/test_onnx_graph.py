@@ -146,3 +146,67 @@ def test_unsupported_producer_without_static_shape_is_reported_as_unsupported():
     model = make_model(nodes, [vi("x", [2, 3])], [vi("y", [4, 3])], opset=12)
     with pytest.raises(UnsupportedError, match="(?s)SequenceConstruct on node mk.*ConcatFromSequence on node cat"):
         polyc.onnx.compile(model)
+
+
+# ---- zero-size tensors ------------------------------------------------------------------------------------------
+
+def _check_against_ort(model, feeds):
+    got = polyc.onnx.compile(model).run(feeds)
+    want = ort_run(model, feeds)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (2, 0, 5), (0,)])
+def test_elementwise_on_an_empty_input_keeps_its_shape(shape):
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Add", ["a", "x"], ["y"])]
+    model = make_model(nodes, [vi("x", list(shape))], [vi("y", list(shape))])
+    _check_against_ort(model, {"x": np.zeros(shape, np.float32)})
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceMean"])
+def test_reduction_over_an_empty_axis_gives_its_identity(op):
+    # ONNX spec (ReduceX, opset 18): the empty set reduces to 0 (sum), -inf (max), +inf (min), nan (mean)
+    nodes = [helper.make_node(op, ["x", "axes"], ["r"], keepdims=1),
+             helper.make_node("Add", ["r", "z"], ["y"])]
+    model = make_model(nodes, [vi("x", [3, 0, 2]), vi("z", [3, 1, 2])], [vi("y", [3, 1, 2])],
+                       [numpy_helper.from_array(np.array([1], np.int64), "axes")], opset=18)
+    feeds = {"x": np.zeros((3, 0, 2), np.float32), "z": RNG.standard_normal((3, 1, 2)).astype(np.float32)}
+    got = polyc.onnx.compile(model).run(feeds)[0]
+    identity = {"ReduceSum": 0.0, "ReduceMax": -np.inf, "ReduceMin": np.inf, "ReduceMean": np.nan}[op]
+    np.testing.assert_allclose(got, identity + feeds["z"])
+
+
+def test_split_with_a_zero_size_part_and_concat_with_an_empty_input():
+    nodes = [helper.make_node("Split", ["x", "sizes"], ["a", "b", "c"], axis=1),
+             helper.make_node("Concat", ["b", "c", "a"], ["y"], axis=1),
+             helper.make_node("Relu", ["b"], ["e"])]
+    model = make_model(nodes, [vi("x", [2, 7])], [vi("y", [2, 7]), vi("e", [2, 0])],
+                       [numpy_helper.from_array(np.array([3, 0, 4], np.int64), "sizes")], opset=13)
+    _check_against_ort(model, {"x": RNG.standard_normal((2, 7)).astype(np.float32)})
+
+
+def test_slice_to_nothing_and_an_unused_empty_input():
+    nodes = [helper.make_node("Slice", ["x", "st", "en"], ["s"]),
+             helper.make_node("Sigmoid", ["s"], ["y"]),
+             helper.make_node("Neg", ["x"], ["n"])]
+    model = make_model(nodes, [vi("x", [5, 3]), vi("like", [0])], [vi("y", [0, 3]), vi("n", [5, 3])],
+                       [numpy_helper.from_array(np.array([7], np.int64), "st"),
+                        numpy_helper.from_array(np.array([9], np.int64), "en")], opset=13)
+    _check_against_ort(model, {"x": RNG.standard_normal((5, 3)).astype(np.float32), "like": np.zeros(0, np.float32)})
+
+
+def test_empty_dims_pinned_through_input_shapes():
+    model = make_model([helper.make_node("Exp", ["x"], ["y"])], [vi("x", ["n", 4])], [vi("y", ["n", 4])])
+    compiled = polyc.onnx.compile(model, input_shapes={"x": (0, 4)})
+    assert compiled(np.zeros((0, 4), np.float32))[0].shape == (0, 4)
+
+
+def test_a_conv_kernel_larger_than_its_input_is_still_rejected():
+    w = numpy_helper.from_array(np.ones((1, 1, 5, 5), np.float32), "w")
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [vi("x", [1, 1, 4, 4])],
+                       [vi("y", [1, 1, 0, 0])], [w])
+    with pytest.raises(PolycError, match="empty or negative size|shape"):
+        polyc.onnx.compile(model)

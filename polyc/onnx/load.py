@@ -127,7 +127,8 @@ def _dims(vi: onnx.ValueInfoProto) -> list:
 
 
 def _shape_arg(name: str, shape) -> tuple:
-    """``input_shapes[name]`` as a tuple of positive ints, else ShapeError saying what is wrong."""
+    """``input_shapes[name]`` as a tuple of non-negative ints (0: an empty tensor), else ShapeError saying
+    what is wrong."""
     def dim(d):
         if isinstance(d, bool) or not isinstance(d, (int, np.integer, float, np.floating)) or int(d) != d:
             raise ValueError(d)
@@ -137,8 +138,8 @@ def _shape_arg(name: str, shape) -> tuple:
     except (TypeError, ValueError, OverflowError):
         raise ShapeError(f"input_shapes[{name!r}] = {shape!r} is not a sequence of integer extents",
                          hint=f'write it as input_shapes={{"{name}": (1, 3, 224, 224)}}') from None
-    if any(d < 1 or d >= 1 << 62 for d in dims):
-        raise ShapeError(f"input_shapes[{name!r}] = {dims}: every extent must be at least 1 (and below 2**62)")
+    if any(d < 0 or d >= 1 << 62 for d in dims):
+        raise ShapeError(f"input_shapes[{name!r}] = {dims}: every extent must be at least 0 (and below 2**62)")
     return dims
 
 
@@ -173,8 +174,6 @@ def _check_static_inputs(model: onnx.ModelProto) -> None:
         if dims is None:
             raise ShapeError(f"input {vi.name!r} has no shape in the model",
                              hint=f'pin it with input_shapes={{"{vi.name}": (...)}}')
-        if any(d == 0 for d in dims):
-            raise UnsupportedError(f"input {vi.name!r} has shape {tuple(dims)}: zero-size tensors are not supported")
         if any(not isinstance(d, int) for d in dims):
             shown = ", ".join(str(d) for d in dims)
             example = ", ".join(str(d) if isinstance(d, int) else "1" for d in dims)

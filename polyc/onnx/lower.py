@@ -132,10 +132,13 @@ class Builder:
         """The :class:`Val` of ONNX tensor ``name``: a computed value, an inlined scalar constant, or a parameter."""
         if name in self.values:
             return self.values[name]
+        info = self.tensors.get(name)
         if name in self.consts and np.asarray(self.consts[name]).size == 1:
             arr = np.asarray(self.consts[name])
             text = lit(arr.reshape(-1)[0], arr.dtype)
             v = Val(tuple(arr.shape), arr.dtype, lambda idx, t=text: t)
+        elif info is not None and info.shape is not None and 0 in info.shape:
+            v = empty(info.shape, info.dtype)  # no element is ever read: no parameter
         else:
             info = self.tensors[name]
             v = self.add_param(name, info.shape, info.dtype)
@@ -190,6 +193,8 @@ class Builder:
         written tensor (a fresh temporary when None).
         """
         shape = tuple(shape)
+        if 0 in shape:  # an empty domain: the statement would do nothing (TC ranges are not empty)
+            return empty(shape, dtype)
         tc_shape = shape or (1,)
         if name is None:
             name = f"T{self.temps}"
@@ -221,6 +226,11 @@ def broadcast_index(v: Val, out_shape: tuple, idx: list) -> list:
     r = len(v.shape)
     tail = idx[len(idx) - r:] if r else []
     return ["0" if d == 1 and n != 1 else i for i, d, n in zip(tail, v.shape, out_shape[len(out_shape) - r:])]
+
+
+def empty(shape, dtype) -> Val:
+    """The value of a tensor with a 0 extent: nothing reads an element of it (every loop over it is empty)."""
+    return Val(tuple(shape), np.dtype(dtype), lambda idx: lit(0, dtype), None, True)
 
 
 def lazy(shape, dtype, fn: Callable, cheap: bool = False) -> Val:
@@ -271,9 +281,15 @@ def _same_ranges(a: str, b: str, rank: int) -> bool:
     return ranges(a) == ranges(b)
 
 
+def _is_empty(g: nx.DiGraph, name: str) -> bool:
+    info = g.graph["tensors"].get(name)
+    return info is not None and info.shape is not None and 0 in info.shape
+
+
 def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
-    """The TC def of a kernel group (None for an alias group)."""
-    if group.kind == "alias":
+    """The TC def of a kernel group (None for an alias group, and for a group whose outputs are all empty:
+    their storage, of 0 bytes, is all there is to them). An empty output is not returned by the def."""
+    if group.kind == "alias" or all(_is_empty(g, t) for t in group.outputs):
         return None
     from .ops import converter  # the per-op functions
 
@@ -295,7 +311,8 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
             if name and v is not None:
                 b.values[name] = v
     out_names = []
-    for k, onnx_name in enumerate(group.outputs):
+    returned = tuple(t for t in group.outputs if not _is_empty(g, t))
+    for k, onnx_name in enumerate(returned):
         tc = f"Y{k}"
         _finish_output(b, b.values[onnx_name], tc)
         out_names.append(tc)
@@ -306,7 +323,7 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
         params.append(f"{tc_type(dtype)}{dims} {tc}")
         tc_shapes[onnx_name] = shape
     outs = []
-    for tc, onnx_name in zip(out_names, group.outputs):
+    for tc, onnx_name in zip(out_names, returned):
         info = b.tensors[onnx_name]
         shape = info.shape or (1,)
         outs.append(f"{tc_type(info.dtype)}({','.join(str(d) for d in shape)}) {tc}")
@@ -314,7 +331,7 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
     body = "\n".join(f"    {s.text}" for s in b.stmts)
     name = _def_name(group)
     source = f"def {name}({', '.join(params)}) -> ({', '.join(outs)}) {{\n{body}\n}}\n"
-    return LoweredKernel(group.name, name, source, tuple(p[1] for p in b.params), tuple(group.outputs),
+    return LoweredKernel(group.name, name, source, tuple(p[1] for p in b.params), returned,
                          dict(b.extra_constants), tc_shapes)
 
 
@@ -386,10 +403,13 @@ def check_supported(g: nx.DiGraph) -> None:
             problems.append((key, f"node {nid}", text))
     for name in g.graph["inputs"] + [t for _, d in g.nodes(data=True) for t in d["outputs"] if t]:
         info = g.graph["tensors"].get(name)
-        if info is not None and info.dtype is not None and (np.dtype(info.dtype).name in ("float16", "bfloat16")
-                                                            or np.dtype(info.dtype).kind in "OUSVcMm"):
+        if info is None or info.dtype is None:
+            continue
+        try:
+            tc_type(info.dtype)
+        except UnsupportedError:
             kind = "string" if np.dtype(info.dtype).kind in "OUS" else np.dtype(info.dtype).name
-            problems.append((f"tensors of dtype {kind}, which polyc does not support", f"tensor {name!r}",
+            problems.append((f"unsupported dtype {kind}", f"tensor {name!r}",
                              f"tensor {name!r} has dtype {kind}, which polyc does not support"))
     if problems:
         lines = _grouped(problems)

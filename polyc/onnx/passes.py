@@ -9,17 +9,18 @@ have a static shape.
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 import networkx as nx
 import numpy as np
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from ..errors import CompileError, ShapeError, UnsupportedError
+from ..errors import CompileError, ShapeError
 from .graph import (TensorInfo, export_attr, add_op, connect, consumers, copy_graph, fresh_name, producer,
                     remove_op, replace_uses, set_constant, to_model, topo_order)
 from .load import infer_shapes
-from .validate import too_large
+from .validate import WINDOW_OPS, too_large
 
 #: Ops never folded: their value is not a function of their inputs.
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -152,8 +153,9 @@ def evaluate_node(d: dict, values: list, opset: int) -> list:
     outputs = [helper.make_tensor_value_info(n, 0, None) for n in outs]
     model = helper.make_model(helper.make_graph([node], "fold", inputs, outputs),
                               opset_imports=[helper.make_opsetid("", opset)])
-    ev = ReferenceEvaluator(model)
-    result = ev.run(None, {n: v for n, v in zip(names, values) if n})
+    with warnings.catch_warnings(), np.errstate(all="ignore"):  # the mean of an empty set is nan, quietly
+        warnings.simplefilter("ignore")
+        result = ReferenceEvaluator(model).run(None, {n: v for n, v in zip(names, values) if n})
     if any(r is None or isinstance(r, (list, tuple, dict)) for r in result):
         raise ValueError(f"{d['op']} yields a sequence, a map or an absent optional, not a tensor")
     return [np.asarray(r) for r in result]
@@ -202,6 +204,16 @@ def _fits_outputs(g: nx.DiGraph, d: dict, results) -> bool:
     return True
 
 
+def _empty(info) -> bool:
+    """Whether a tensor's static type says it holds no element (a 0 extent)."""
+    return info is not None and info.shape is not None and info.dtype is not None and 0 in info.shape \
+        and min(info.shape) >= 0
+
+
+def _empty_value(info) -> np.ndarray:
+    return np.zeros(info.shape, np.dtype(info.dtype))
+
+
 def fold_constants(g: nx.DiGraph) -> nx.DiGraph:
     """Evaluate every node whose inputs are all compile-time constants; Shape/Size of static tensors fold too.
 
@@ -209,12 +221,31 @@ def fold_constants(g: nx.DiGraph) -> nx.DiGraph:
     (any exception from :func:`evaluate_node`, or results that are not arrays of the inferred shapes) stays
     in the graph to be compiled, and later checks name what is wrong with it; one whose output would not fit
     in memory raises :class:`~polyc.errors.UnsupportedError` giving the bytes needed.
+
+    Zero-size tensors: a tensor with a 0 extent has no value to compute, so it is a constant (an empty
+    array): an empty graph input is one too (its feed is still checked), and a node whose outputs are all
+    empty is removed (unless it is a window op over a non-empty input, which :func:`check_shapes` rejects).
+    Nodes reading empty tensors then fold like any other: a reduction over an empty set gives its identity
+    (ONNX spec, ReduceX opset 18: 0 for ReduceSum, 1 for ReduceProd, -inf for ReduceMax and ReduceLogSum ...).
     """
     g = copy_graph(g)
     consts = g.graph["constants"]
+    tensors = g.graph["tensors"]
+    for name in g.graph["inputs"]:
+        if _empty(tensors.get(name)):
+            consts[name] = _empty_value(tensors[name])
     for nid in topo_order(g):
         d = g.nodes[nid]
-        if d["op"] in NONDETERMINISTIC or d.get("domain", "") not in ("", "ai.onnx"):
+        if d.get("domain", "") not in ("", "ai.onnx"):
+            continue
+        outs = [t for t in d["outputs"] if t]
+        if outs and all(_empty(tensors.get(t)) for t in outs) and not (
+                d["op"] in WINDOW_OPS and not any(_empty(tensors.get(t)) for t in d["inputs"] if t)):
+            remove_op(g, nid)
+            for name in outs:
+                set_constant(g, name, _empty_value(tensors[name]))
+            continue
+        if d["op"] in NONDETERMINISTIC:
             continue
         if d["op"] in ("Shape", "Size"):
             value = _static_shape_value(g, d)
@@ -528,9 +559,6 @@ def infer_static_shapes(g: nx.DiGraph) -> nx.DiGraph:
             if t not in infos:
                 raise ShapeError(f"tensor {t!r} written by node {nid} ({d['op']}) has no static shape "
                                  f"after shape inference", hint="pin dynamic input dims with input_shapes=")
-            if 0 in infos[t].shape and min(infos[t].shape) >= 0:  # negative sizes: check_shapes names them
-                raise UnsupportedError(f"tensor {t!r} written by node {nid} ({d['op']}) has shape "
-                                       f"{infos[t].shape}: zero-size tensors are not supported")
             g.graph["tensors"][t] = infos[t]
     return g
 
