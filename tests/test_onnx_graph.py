@@ -210,3 +210,34 @@ def test_a_conv_kernel_larger_than_its_input_is_still_rejected():
                        [vi("y", [1, 1, 0, 0])], [w])
     with pytest.raises(PolycError, match="empty or negative size|shape"):
         polyc.onnx.compile(model)
+
+
+# ---- opsets older than 7 ----------------------------------------------------------------------------------------
+
+def test_opset_6_model_with_legacy_broadcast_is_converted():
+    # opset 6 Add broadcasts only with broadcast=1 (B a suffix of A's shape); the converter drops the attribute
+    # (onnx 1.23's adapter rejects B of shape [3] with axis=1 against [2, 3, 5]: left to onnx)
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"], broadcast=1),
+             helper.make_node("Relu", ["a"], ["y"])]
+    model = make_model(nodes, [vi("x", [2, 3, 5]), vi("b", [3, 5])], [vi("y", [2, 3, 5])], opset=6)
+    x = RNG.standard_normal((2, 3, 5)).astype(np.float32)
+    b = RNG.standard_normal((3, 5)).astype(np.float32)
+    got = polyc.onnx.compile(model)(x, b)[0]
+    np.testing.assert_allclose(got, np.maximum(x + b, 0), rtol=1e-6)
+
+
+def test_opset_1_model_is_converted():
+    model = make_model([helper.make_node("Sigmoid", ["x"], ["y"])], [vi("x", [7, 3])], [vi("y", [7, 3])], opset=1)
+    x = RNG.standard_normal((7, 3)).astype(np.float32)
+    np.testing.assert_allclose(polyc.onnx.compile(model)(x)[0], 1 / (1 + np.exp(-x)), rtol=1e-5)
+
+
+def test_a_failed_opset_conversion_names_the_opset_and_the_reason(monkeypatch):
+    from onnx import version_converter
+
+    def refuse(model, target):
+        raise RuntimeError(f"No Adapter For Sigmoid to {target}")
+    monkeypatch.setattr(version_converter, "convert_version", refuse)
+    model = make_model([helper.make_node("Sigmoid", ["x"], ["y"])], [vi("x", [7, 3])], [vi("y", [7, 3])], opset=5)
+    with pytest.raises(UnsupportedError, match=r"opset 5 is older.*could not convert.*No Adapter For Sigmoid to 7"):
+        polyc.onnx.compile(model)

@@ -228,9 +228,10 @@ def _check_defined(model: onnx.ModelProto) -> None:
 
 
 def _supported_opset(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` when its default-domain opset is one polyc supports; an older one converted up to
-    :data:`MIN_OPSET` with ``onnx.version_converter``; else :class:`~polyc.errors.UnsupportedError` naming the
-    opset and the supported range."""
+    """``model`` when its default-domain opset is one polyc supports; an older one (1 to 6) converted with
+    ``onnx.version_converter`` up to :data:`MIN_OPSET`, or else to the oldest newer opset it converts to
+    cleanly (the converter succeeds and onnx's checker accepts the result); else
+    :class:`~polyc.errors.UnsupportedError` naming the opset and the converter's reason."""
     opset = model_opset(model)
     newest = onnx.defs.onnx_opset_version()
     supported = f"polyc supports opsets {MIN_OPSET} to {newest} (the installed onnx's newest)"
@@ -242,13 +243,18 @@ def _supported_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     if opset < 1:
         raise ModelError(f"the model's opset {opset} is not a valid ONNX opset; {supported}")
     from onnx import version_converter
-    try:
-        converted = version_converter.convert_version(model, MIN_OPSET)
-    except Exception as e:  # the converter raises RuntimeError / ValueError from C++ adapters
-        raise UnsupportedError(f"the model's opset {opset} is older than {supported}, and onnx's version "
-                               f"converter could not convert it: {str(e).strip()}",
-                               hint=f"re-export the model with opset {MIN_OPSET} or newer") from e
-    return converted
+    first = None
+    for target in range(MIN_OPSET, newest + 1):
+        try:
+            converted = version_converter.convert_version(model, target)
+            onnx.checker.check_model(converted)
+            return converted
+        except Exception as e:  # noqa: BLE001 - the C++ adapters raise RuntimeError, ValueError, checker errors
+            first = first or e
+    reason = " ".join(str(first).split())[:400]
+    raise UnsupportedError(f"the model's opset {opset} is older than {supported}, and onnx's version converter "
+                           f"could not convert it to opset {MIN_OPSET} or newer: {reason}",
+                           hint=f"re-export the model with opset {MIN_OPSET} or newer") from first
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
