@@ -241,3 +241,62 @@ def test_a_failed_opset_conversion_names_the_opset_and_the_reason(monkeypatch):
     model = make_model([helper.make_node("Sigmoid", ["x"], ["y"])], [vi("x", [7, 3])], [vi("y", [7, 3])], opset=5)
     with pytest.raises(UnsupportedError, match=r"opset 5 is older.*could not convert.*No Adapter For Sigmoid to 7"):
         polyc.onnx.compile(model)
+
+
+# ---- scripts/onnx_conformance.py ---------------------------------------------------------------------------------
+
+def _conformance_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("onnx_conformance", ROOT / "scripts" / "onnx_conformance.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_conformance_script_prints_a_table_per_suite(tmp_path):
+    out = tmp_path / "report.json"
+    env = dict(os.environ, POLYC_CACHE_DIR=os.environ.get("POLYC_CACHE_DIR", "off"))
+    # the on-disk suites load at once (the node suite is built by running ~1900 export functions)
+    proc = subprocess.run([sys.executable, "scripts/onnx_conformance.py", "--kinds", "simple,pytorch-operator",
+                           "--limit", "2", "--match", r"^test_(single_relu_model|gradient_of_add|operator_addconstant)$",
+                           "--jobs", "1", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[0].split("|")[1:-1] == [" suite ", " cases ", " polyc passed ", " wrong results ", " clean errors ",
+                                        " crashes ", " onnxruntime passed ", " reference passed "]
+    cells = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in rows[1:]}
+    # the training domain's Gradient runs nowhere (a clean error for polyc); onnxruntime refuses the opset-6
+    # pytorch export, which polyc converts to opset 7
+    assert cells == {"simple": ["2", "1", "0", "1", "0", "1", "1"],
+                     "pytorch-operator": ["1", "1", "0", "0", "0", "0", "1"]}
+    report = json.loads(out.read_text())
+    assert report["simple"]["cases"]["test_gradient_of_add"]["polyc"][0] == "error"
+    assert "Gradient" in report["simple"]["cases"]["test_gradient_of_add"]["polyc"][1]
+
+
+def test_conformance_counts_crashes_and_wrong_results(monkeypatch):
+    conformance = _conformance_module()
+
+    class Case:
+        def __init__(self, name):
+            self.name = name
+
+    def fake(case, runner):
+        if runner != "polyc":
+            return "pass", ""
+        if case.name == "segfault":
+            import faulthandler
+            faulthandler.disable()  # pytest's handler would print the worker's stack
+            os.kill(os.getpid(), 11)
+        if case.name == "hang":
+            import time
+            time.sleep(60)
+        return ("wrong", "mismatch") if case.name == "wrong" else ("pass", "")
+    monkeypatch.setattr(conformance, "run_case", fake)
+    results = conformance.run_all([Case(n) for n in ("segfault", "hang", "wrong", "fine")], jobs=2, timeout=3)
+    summary = conformance.summarize(results)
+    assert summary["polyc"] == {"pass": 1, "wrong": 1, "error": 0, "crash": 2}
+    assert summary["reference"]["pass"] == 4
+    assert "exit code -11" in results["segfault"]["polyc"][1] and "timed out" in results["hang"]["polyc"][1]
