@@ -214,16 +214,32 @@ def test_a_conv_kernel_larger_than_its_input_is_still_rejected():
 
 # ---- opsets older than 7 ----------------------------------------------------------------------------------------
 
-def test_opset_6_model_with_legacy_broadcast_is_converted():
-    # opset 6 Add broadcasts only with broadcast=1 (B a suffix of A's shape); the converter drops the attribute
-    # (onnx 1.23's adapter rejects B of shape [3] with axis=1 against [2, 3, 5]: left to onnx)
-    nodes = [helper.make_node("Add", ["x", "b"], ["a"], broadcast=1),
-             helper.make_node("Relu", ["a"], ["y"])]
-    model = make_model(nodes, [vi("x", [2, 3, 5]), vi("b", [3, 5])], [vi("y", [2, 3, 5])], opset=6)
+@pytest.mark.parametrize("b_shape,axis", [((3, 5), None), ((3,), 1), ((2, 3), 0), ((5,), -1), ((2,), 0)])
+def test_opset_6_model_with_legacy_broadcast_is_converted(b_shape, axis):
+    # before opset 7, broadcast=1 lays B on A's dims axis .. axis+rank(B)-1 (default: A's suffix)
+    attrs = {"broadcast": 1} if axis is None else {"broadcast": 1, "axis": axis}
+    nodes = [helper.make_node("Mul", ["x", "b"], ["a"], **attrs), helper.make_node("Relu", ["a"], ["y"])]
+    model = make_model(nodes, [vi("x", [2, 3, 5]), vi("b", list(b_shape))], [vi("y", [2, 3, 5])], opset=6)
     x = RNG.standard_normal((2, 3, 5)).astype(np.float32)
-    b = RNG.standard_normal((3, 5)).astype(np.float32)
+    b = RNG.standard_normal(b_shape).astype(np.float32)
+    start = 3 - len(b_shape) if axis is None else axis % 3
+    aligned = b.reshape(b_shape + (1,) * (3 - start - len(b_shape)))
     got = polyc.onnx.compile(model)(x, b)[0]
-    np.testing.assert_allclose(got, np.maximum(x + b, 0), rtol=1e-6)
+    np.testing.assert_allclose(got, np.maximum(x * aligned, 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("x_shape,ir", [((2, 3, 4), 3), ((1, 3, 5, 7), 4)])
+def test_opset_6_prelu_slope_is_per_channel_after_conversion(x_shape, ir):
+    # PRelu-6: a slope of C values applies along axis 1; opset 7 broadcasts numpy-style, so it is reshaped
+    model = make_model([helper.make_node("PRelu", ["x", "slope"], ["y"])], [vi("x", list(x_shape))],
+                       [vi("y", list(x_shape))], [numpy_helper.from_array(np.array([0.1, 0.2, 0.3], np.float32), "slope")],
+                       opset=6)
+    model.ir_version = ir  # IR 4: the initializer is not listed as a graph input (the converter wants it listed)
+    converted = load_model(model)
+    assert next(i.version for i in converted.opset_import if i.domain in ("", "ai.onnx")) >= 7
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    slope = np.array([0.1, 0.2, 0.3], np.float32).reshape((3,) + (1,) * (len(x_shape) - 2))
+    np.testing.assert_allclose(ort_run(converted, {"x": x})[0], np.where(x > 0, x, x * slope), rtol=1e-6)
 
 
 def test_opset_1_model_is_converted():

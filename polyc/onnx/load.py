@@ -227,6 +227,66 @@ def _check_defined(model: onnx.ModelProto) -> None:
         raise ModelError("; ".join(missing), hint="a missing initializer? check the model's initializer list")
 
 
+#: Ops that broadcast B onto A by the ``broadcast``/``axis`` attributes before opset 7.
+LEGACY_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"}
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _legacy_axis_to_suffix(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of an opset < 7 model whose ``broadcast=1, axis=k`` binary nodes read B through an Unsqueeze
+    that appends B's missing trailing dims, so B lines up with A's suffix and ``axis`` can go.
+
+    Before opset 7 (ONNX spec, Add-6 and its kin) B of rank r broadcasts onto A's dims ``axis .. axis+r-1``;
+    onnx 1.23's version converter compares B with A's leading dims instead and rejects such a node. A
+    PRelu-6 slope of rank 1 is per channel, so it gets the same treatment with axis 1. Nodes whose ranks
+    are unknown are left as they are."""
+    try:
+        inferred = shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - the converter reports what is wrong
+        return model
+    ranks = {t.name: len(t.dims) for t in model.graph.initializer}
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            ranks.setdefault(vi.name, len(vi.type.tensor_type.shape.dim))
+    out = _copy(model)
+    nodes, names = [], {n for node in model.graph.node for n in list(node.input) + list(node.output)}
+    for node in out.graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        if node.op_type == "PRelu" and len(node.input) == 2 and ranks.get(node.input[0], 0) > 2 \
+                and ranks.get(node.input[1]) == 1:
+            # PRelu-6: a slope of C values is per channel (axis 1), as if it were given axis=1
+            attrs["axis"] = onnx.helper.make_attribute("axis", 1)
+            attrs["broadcast"] = onnx.helper.make_attribute("broadcast", 1)
+        if node.op_type in LEGACY_BROADCAST | {"PRelu"} and "axis" in attrs and attrs.get("broadcast") is not None \
+                and attrs["broadcast"].i == 1 and len(node.input) == 2 and node.input[0] in ranks \
+                and node.input[1] in ranks:
+            a_rank, b_rank = ranks[node.input[0]], ranks[node.input[1]]
+            axis = attrs["axis"].i + (a_rank if attrs["axis"].i < 0 else 0)
+            trailing = a_rank - axis - b_rank
+            if 0 <= axis and trailing >= 0:
+                if trailing:
+                    name, k = f"{node.input[1]}_suffix", 0
+                    while name in names:
+                        k += 1
+                        name = f"{node.input[1]}_suffix{k}"
+                    names.add(name)
+                    nodes.append(onnx.helper.make_node("Unsqueeze", [node.input[1]], [name],
+                                                       axes=list(range(b_rank, b_rank + trailing))))
+                    node.input[1] = name
+                keep = [a for a in node.attribute if a.name != "axis"]
+                del node.attribute[:]
+                node.attribute.extend(keep)
+        nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
 def _supported_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` when its default-domain opset is one polyc supports; an older one (1 to 6) converted with
     ``onnx.version_converter`` up to :data:`MIN_OPSET`, or else to the oldest newer opset it converts to
@@ -243,10 +303,23 @@ def _supported_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     if opset < 1:
         raise ModelError(f"the model's opset {opset} is not a valid ONNX opset; {supported}")
     from onnx import version_converter
+    model = _legacy_axis_to_suffix(model)
+    # the converter sees only initializers that are also graph inputs (as IR version 3 required)
+    listed = {i.name for i in model.graph.input}
+    unlisted = [t for t in model.graph.initializer if t.name not in listed]
+    if unlisted:
+        model = _copy(model)
+        model.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                                 for t in unlisted)
     first = None
     for target in range(MIN_OPSET, newest + 1):
         try:
             converted = version_converter.convert_version(model, target)
+            if unlisted and converted.ir_version >= 4:  # IR 3 wants every initializer listed
+                names = {t.name for t in unlisted}
+                kept = [i for i in converted.graph.input if i.name not in names]
+                del converted.graph.input[:]
+                converted.graph.input.extend(kept)
             onnx.checker.check_model(converted)
             return converted
         except Exception as e:  # noqa: BLE001 - the C++ adapters raise RuntimeError, ValueError, checker errors
