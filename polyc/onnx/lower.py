@@ -347,10 +347,11 @@ ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 
 
 def supported_ops(opset: int) -> list:
-    """The default-domain ops polyc compiles at ``opset``: those with a converter, and the alias ops."""
+    """The default-domain ops polyc compiles at ``opset``: those with a converter, the alias ops, and
+    Dropout (removed in inference mode by :func:`~polyc.onnx.passes.remove_identities`)."""
     from .ops import CONVERTERS, converter
 
-    return sorted({op for op in CONVERTERS if converter(op, opset) is not None} | set(ALIAS_OPS))
+    return sorted({op for op in CONVERTERS if converter(op, opset) is not None} | set(ALIAS_OPS) | {"Dropout"})
 
 
 def _grouped(problems: list) -> list:
