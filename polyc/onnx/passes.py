@@ -563,6 +563,45 @@ def infer_static_shapes(g: nx.DiGraph) -> nx.DiGraph:
     return g
 
 
+def _shapes_pending(g: nx.DiGraph) -> bool:
+    tensors = g.graph["tensors"]
+    return any(t and (t not in tensors or tensors[t].shape is None)
+               for _, d in g.nodes(data=True) for t in d["outputs"])
+
+
+def refresh_shapes(g: nx.DiGraph) -> nx.DiGraph:
+    """Shape inference again (with data propagation) on the graph as it is: folding may have made constant
+    what a shape depended on (a Pad's pads computed from a fed crop size). Tensors that get a static shape
+    take it; nothing else changes, and a failing inference leaves the graph as it was."""
+    try:
+        model = infer_shapes(to_model(g, weights=False))
+    except Exception:  # noqa: BLE001 - infer_static_shapes reports it at the end
+        return g
+    g = copy_graph(g)
+    tensors = g.graph["tensors"]
+    for vi in list(model.graph.value_info) + list(model.graph.output):
+        t = vi.type.tensor_type
+        old = tensors.get(vi.name)
+        if (old is None or old.shape is None) and t.HasField("shape") and t.elem_type \
+                and all(dd.HasField("dim_value") for dd in t.shape.dim):
+            tensors[vi.name] = TensorInfo(tuple(int(dd.dim_value) for dd in t.shape.dim),
+                                          np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))
+    return g
+
+
+def fold_with_shapes(g: nx.DiGraph, rounds: int = 4) -> nx.DiGraph:
+    """:func:`fold_constants` after :func:`refresh_shapes`, again while some tensor has no static shape and
+    a round folds something (at most ``rounds`` times): ``Shape(Pad(x, pads))`` folds once pads are known."""
+    for _ in range(rounds):
+        if not _shapes_pending(g):
+            break
+        folded = fold_constants(refresh_shapes(g))
+        if folded.number_of_nodes() == g.number_of_nodes():
+            break
+        g = folded
+    return g
+
+
 def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
     """The standard pass pipeline, in order; each step is a pure ``graph -> graph`` function.
 
@@ -577,10 +616,12 @@ def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
     if space_to_depth:
         g = strided_conv_to_space_to_depth(g)
     g = fold_constants(g)
+    g = fold_with_shapes(g)
     g = eliminate_dead_code(g)
     g = infer_static_shapes(g)
     return g
 
 
 __all__ = ["remove_identities", "fold_constants", "eliminate_common_subexpressions", "fold_batchnorm",
-           "decompose_batchnorm", "strided_conv_to_space_to_depth", "eliminate_dead_code", "infer_static_shapes", "simplify", "evaluate_node"]
+           "decompose_batchnorm", "strided_conv_to_space_to_depth", "eliminate_dead_code", "infer_static_shapes", "simplify", "evaluate_node",
+           "refresh_shapes", "fold_with_shapes"]
