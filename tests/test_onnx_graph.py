@@ -256,7 +256,8 @@ def test_opset_6_model_with_legacy_broadcast_is_converted(b_shape, axis):
 def test_opset_6_prelu_slope_is_per_channel_after_conversion(x_shape, ir):
     # PRelu-6: a slope of C values applies along axis 1; opset 7 broadcasts numpy-style, so it is reshaped
     model = make_model([helper.make_node("PRelu", ["x", "slope"], ["y"])], [vi("x", list(x_shape))],
-                       [vi("y", list(x_shape))], [numpy_helper.from_array(np.array([0.1, 0.2, 0.3], np.float32), "slope")],
+                       [vi("y", list(x_shape))],
+                       [numpy_helper.from_array(np.array([0.1, 0.2, 0.3], np.float32), "slope")],
                        opset=6)
     model.ir_version = ir  # IR 4: the initializer is not listed as a graph input (the converter wants it listed)
     converted = load_model(model)
@@ -299,7 +300,8 @@ def test_conformance_script_prints_a_table_per_suite(tmp_path):
     env = dict(os.environ, POLYC_CACHE_DIR=os.environ.get("POLYC_CACHE_DIR", "off"))
     # the on-disk suites load at once (the node suite is built by running ~1900 export functions)
     proc = subprocess.run([sys.executable, "scripts/onnx_conformance.py", "--kinds", "simple,pytorch-operator",
-                           "--limit", "2", "--match", r"^test_(single_relu_model|gradient_of_add|operator_addconstant)$",
+                           "--limit", "2",
+                           "--match", r"^test_(single_relu_model|gradient_of_add|operator_addconstant)$",
                            "--jobs", "1", "--json", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr

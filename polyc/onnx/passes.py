@@ -623,5 +623,5 @@ def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
 
 
 __all__ = ["remove_identities", "fold_constants", "eliminate_common_subexpressions", "fold_batchnorm",
-           "decompose_batchnorm", "strided_conv_to_space_to_depth", "eliminate_dead_code", "infer_static_shapes", "simplify", "evaluate_node",
-           "refresh_shapes", "fold_with_shapes"]
+           "decompose_batchnorm", "strided_conv_to_space_to_depth", "eliminate_dead_code", "infer_static_shapes",
+           "simplify", "evaluate_node", "refresh_shapes", "fold_with_shapes"]
