@@ -122,7 +122,7 @@ CASES = {
         ModelError, r"node C \(Conv\).*x float32\[1x1x3x3\].*w float32\[1x1x5x5\]"),
     "maxpool_kernel_larger_than_input": (model(
         [node("MaxPool", ["x"], ["y"], "MP", kernel_shape=[4, 4])], [vi("x", [1, 1, 3, 3])], [vi("y", 4)]),
-        polyc.PolycError, r"node MP \(MaxPool\).*\(1, 1, 0, 0\)"),
+        polyc.PolycError, r"node MP \(MaxPool\).*[\[(]1, 1, 0, 0[\])]"),
     "maxpool_kernel_larger_than_padded_input": (model(
         [node("MaxPool", ["x"], ["y"], "MP", kernel_shape=[6, 6], pads=[1, 1, 0, 0])], [vi("x", [1, 1, 3, 3])],
         [vi("y", 4)]), ModelError, r"node MP \(MaxPool\).*kernel_shape"),
@@ -208,8 +208,6 @@ CASES = {
     "initializer_with_wrong_byte_count": (None, ModelError, r"\bw\b.*bytes"),  # built below
     "dynamic_input_not_pinned": (model([node("Relu", ["x"], ["y"], "r")], [vi("x", ["n", 2])], [vi("y", 2)]),
                                  ShapeError, r"input 'x'.*dynamic"),
-    "zero_size_input": (model([node("Relu", ["x"], ["y"], "r")], [vi("x", [0, 2])], [vi("y", 2)]),
-                        UnsupportedError, r"zero-size"),
     "subgraph_attribute": (model(
         [node("If", ["c"], ["y"], "branch",
               then_branch=helper.make_graph([node("Constant", [], ["t"], "ct", value=const("v", np.ones(2, np.float32)))],

@@ -16,9 +16,8 @@ from onnx import numpy_helper
 from onnx.backend.base import Backend, BackendRep
 
 from ..errors import UnsupportedError
-from .api import CompiledModel, compile as _compile
-from .load import read_model
-from .ops import CONSTANT_INPUTS
+from .api import CompiledModel, compile as _compile, needs_constant
+from .load import check_tensor_types, read_model
 
 
 def _graph_input_names(model: onnx.ModelProto) -> list:
@@ -27,15 +26,10 @@ def _graph_input_names(model: onnx.ModelProto) -> list:
 
 
 def _shape_like_inputs(model: onnx.ModelProto) -> set:
-    """Graph inputs that feed a slot polyc needs as a compile-time constant (Reshape's shape, axes, pads...)."""
-    opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), 1)
-    inputs = set(_graph_input_names(model))
-    found = set()
-    for node in model.graph.node:
-        for index, since, _ in CONSTANT_INPUTS.get(node.op_type, ()):
-            if opset >= since and index < len(node.input) and node.input[index] in inputs:
-                found.add(node.input[index])
-    return found
+    """Graph inputs whose values polyc needs at compile time: those feeding a slot that must be a constant
+    (Reshape's shape, axes, pads ...), directly or through the nodes that compute it
+    (:func:`~polyc.onnx.api.needs_constant`: a CenterCropPad expansion computes Pad's pads from its input)."""
+    return needs_constant(model) & set(_graph_input_names(model))
 
 
 def _is_dynamic(model: onnx.ModelProto) -> bool:
@@ -78,6 +72,7 @@ class PolycRep(BackendRep):
         self.compiled = None
         self.specialized: dict = {}
         self.lock = threading.Lock()
+        check_tensor_types(model)  # a sequence input would otherwise meet numpy at the first run
         if not self.frozen and not _is_dynamic(model):
             self.compiled = _compile(model, options=options)
 

@@ -127,7 +127,8 @@ def _dims(vi: onnx.ValueInfoProto) -> list:
 
 
 def _shape_arg(name: str, shape) -> tuple:
-    """``input_shapes[name]`` as a tuple of positive ints, else ShapeError saying what is wrong."""
+    """``input_shapes[name]`` as a tuple of non-negative ints (0: an empty tensor), else ShapeError saying
+    what is wrong."""
     def dim(d):
         if isinstance(d, bool) or not isinstance(d, (int, np.integer, float, np.floating)) or int(d) != d:
             raise ValueError(d)
@@ -137,8 +138,8 @@ def _shape_arg(name: str, shape) -> tuple:
     except (TypeError, ValueError, OverflowError):
         raise ShapeError(f"input_shapes[{name!r}] = {shape!r} is not a sequence of integer extents",
                          hint=f'write it as input_shapes={{"{name}": (1, 3, 224, 224)}}') from None
-    if any(d < 1 or d >= 1 << 62 for d in dims):
-        raise ShapeError(f"input_shapes[{name!r}] = {dims}: every extent must be at least 1 (and below 2**62)")
+    if any(d < 0 or d >= 1 << 62 for d in dims):
+        raise ShapeError(f"input_shapes[{name!r}] = {dims}: every extent must be at least 0 (and below 2**62)")
     return dims
 
 
@@ -173,13 +174,42 @@ def _check_static_inputs(model: onnx.ModelProto) -> None:
         if dims is None:
             raise ShapeError(f"input {vi.name!r} has no shape in the model",
                              hint=f'pin it with input_shapes={{"{vi.name}": (...)}}')
-        if any(d == 0 for d in dims):
-            raise UnsupportedError(f"input {vi.name!r} has shape {tuple(dims)}: zero-size tensors are not supported")
         if any(not isinstance(d, int) for d in dims):
             shown = ", ".join(str(d) for d in dims)
             example = ", ".join(str(d) if isinstance(d, int) else "1" for d in dims)
             raise ShapeError(f"input {vi.name!r} has a dynamic shape ({shown}); polyc compiles for static shapes",
                              hint=f'pin it with input_shapes={{"{vi.name}": ({example},)}}')
+
+
+def _type_text(type_proto: onnx.TypeProto) -> str:
+    """``seq(tensor(float))``, ``optional(tensor(int64))``, ``map(string, float)``: ONNX's type notation."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "tensor_type":
+        elem = onnx.TensorProto.DataType.Name(type_proto.tensor_type.elem_type).lower()
+        return f"tensor({elem})"
+    if kind == "sparse_tensor_type":
+        return "sparse_tensor"
+    if kind == "sequence_type":
+        return f"seq({_type_text(type_proto.sequence_type.elem_type)})"
+    if kind == "optional_type":
+        return f"optional({_type_text(type_proto.optional_type.elem_type)})"
+    if kind == "map_type":
+        key = onnx.TensorProto.DataType.Name(type_proto.map_type.key_type).lower()
+        return f"map({key}, {_type_text(type_proto.map_type.value_type)})"
+    return "an undeclared type"
+
+
+def check_tensor_types(model: onnx.ModelProto) -> None:
+    """Raise :class:`~polyc.errors.UnsupportedError` naming every graph input and output that is not a
+    tensor (a sequence, an optional, a map, a sparse tensor): polyc compiles tensor programs only."""
+    problems = []
+    for where, values in (("input", graph_inputs(model)), ("output", model.graph.output)):
+        for vi in values:
+            if vi.type.WhichOneof("value") != "tensor_type":
+                problems.append(f"{where} {vi.name!r} has type {_type_text(vi.type)}")
+    if problems:
+        raise UnsupportedError("; ".join(problems) + ": polyc compiles tensors only (no sequences, optionals, "
+                               "maps or sparse tensors)")
 
 
 def _check_defined(model: onnx.ModelProto) -> None:
@@ -197,10 +227,71 @@ def _check_defined(model: onnx.ModelProto) -> None:
         raise ModelError("; ".join(missing), hint="a missing initializer? check the model's initializer list")
 
 
+#: Ops that broadcast B onto A by the ``broadcast``/``axis`` attributes before opset 7.
+LEGACY_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"}
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _legacy_axis_to_suffix(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of an opset < 7 model whose ``broadcast=1, axis=k`` binary nodes read B through an Unsqueeze
+    that appends B's missing trailing dims, so B lines up with A's suffix and ``axis`` can go.
+
+    Before opset 7 (ONNX spec, Add-6 and its kin) B of rank r broadcasts onto A's dims ``axis .. axis+r-1``;
+    onnx 1.23's version converter compares B with A's leading dims instead and rejects such a node. A
+    PRelu-6 slope of rank 1 is per channel, so it gets the same treatment with axis 1. Nodes whose ranks
+    are unknown are left as they are."""
+    try:
+        inferred = shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - the converter reports what is wrong
+        return model
+    ranks = {t.name: len(t.dims) for t in model.graph.initializer}
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            ranks.setdefault(vi.name, len(vi.type.tensor_type.shape.dim))
+    out = _copy(model)
+    nodes, names = [], {n for node in model.graph.node for n in list(node.input) + list(node.output)}
+    for node in out.graph.node:
+        attrs = {a.name: a for a in node.attribute}
+        if node.op_type == "PRelu" and len(node.input) == 2 and ranks.get(node.input[0], 0) > 2 \
+                and ranks.get(node.input[1]) == 1:
+            # PRelu-6: a slope of C values is per channel (axis 1), as if it were given axis=1
+            attrs["axis"] = onnx.helper.make_attribute("axis", 1)
+            attrs["broadcast"] = onnx.helper.make_attribute("broadcast", 1)
+        if node.op_type in LEGACY_BROADCAST | {"PRelu"} and "axis" in attrs and attrs.get("broadcast") is not None \
+                and attrs["broadcast"].i == 1 and len(node.input) == 2 and node.input[0] in ranks \
+                and node.input[1] in ranks:
+            a_rank, b_rank = ranks[node.input[0]], ranks[node.input[1]]
+            axis = attrs["axis"].i + (a_rank if attrs["axis"].i < 0 else 0)
+            trailing = a_rank - axis - b_rank
+            if 0 <= axis and trailing >= 0:
+                if trailing:
+                    name, k = f"{node.input[1]}_suffix", 0
+                    while name in names:
+                        k += 1
+                        name = f"{node.input[1]}_suffix{k}"
+                    names.add(name)
+                    nodes.append(onnx.helper.make_node("Unsqueeze", [node.input[1]], [name],
+                                                       axes=list(range(b_rank, b_rank + trailing))))
+                    node.input[1] = name
+                keep = [a for a in node.attribute if a.name != "axis"]
+                del node.attribute[:]
+                node.attribute.extend(keep)
+        nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
 def _supported_opset(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` when its default-domain opset is one polyc supports; an older one converted up to
-    :data:`MIN_OPSET` with ``onnx.version_converter``; else :class:`~polyc.errors.UnsupportedError` naming the
-    opset and the supported range."""
+    """``model`` when its default-domain opset is one polyc supports; an older one (1 to 6) converted with
+    ``onnx.version_converter`` up to :data:`MIN_OPSET`, or else to the oldest newer opset it converts to
+    cleanly (the converter succeeds and onnx's checker accepts the result); else
+    :class:`~polyc.errors.UnsupportedError` naming the opset and the converter's reason."""
     opset = model_opset(model)
     newest = onnx.defs.onnx_opset_version()
     supported = f"polyc supports opsets {MIN_OPSET} to {newest} (the installed onnx's newest)"
@@ -212,13 +303,31 @@ def _supported_opset(model: onnx.ModelProto) -> onnx.ModelProto:
     if opset < 1:
         raise ModelError(f"the model's opset {opset} is not a valid ONNX opset; {supported}")
     from onnx import version_converter
-    try:
-        converted = version_converter.convert_version(model, MIN_OPSET)
-    except Exception as e:  # the converter raises RuntimeError / ValueError from C++ adapters
-        raise UnsupportedError(f"the model's opset {opset} is older than {supported}, and onnx's version "
-                               f"converter could not convert it: {str(e).strip()}",
-                               hint=f"re-export the model with opset {MIN_OPSET} or newer") from e
-    return converted
+    model = _legacy_axis_to_suffix(model)
+    # the converter sees only initializers that are also graph inputs (as IR version 3 required)
+    listed = {i.name for i in model.graph.input}
+    unlisted = [t for t in model.graph.initializer if t.name not in listed]
+    if unlisted:
+        model = _copy(model)
+        model.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                                 for t in unlisted)
+    first = None
+    for target in range(MIN_OPSET, newest + 1):
+        try:
+            converted = version_converter.convert_version(model, target)
+            if unlisted and converted.ir_version >= 4:  # IR 3 wants every initializer listed
+                names = {t.name for t in unlisted}
+                kept = [i for i in converted.graph.input if i.name not in names]
+                del converted.graph.input[:]
+                converted.graph.input.extend(kept)
+            onnx.checker.check_model(converted)
+            return converted
+        except Exception as e:  # noqa: BLE001 - the C++ adapters raise RuntimeError, ValueError, checker errors
+            first = first or e
+    reason = " ".join(str(first).split())[:400]
+    raise UnsupportedError(f"the model's opset {opset} is older than {supported}, and onnx's version converter "
+                           f"could not convert it to opset {MIN_OPSET} or newer: {reason}",
+                           hint=f"re-export the model with opset {MIN_OPSET} or newer") from first
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -243,6 +352,7 @@ def load_model(model: ModelLike, input_shapes: Mapping[str, Sequence[int]] | Non
             if used:
                 raise UnsupportedError(f"operators of domain {imp.domain!r} are not supported, used by node(s) "
                                        f"{', '.join(used[:10])}" + (" ..." if len(used) > 10 else ""))
+    check_tensor_types(proto)
     proto = _supported_opset(proto)
     _check_defined(proto)
     if not proto.graph.output:

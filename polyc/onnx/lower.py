@@ -29,6 +29,7 @@ through :data:`CONVERTERS` (``(since_version, function)`` pairs, TVM's ``_impl_v
 from __future__ import annotations
 
 import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -157,10 +158,13 @@ class Builder:
         """The :class:`Val` of ONNX tensor ``name``: a computed value, an inlined scalar constant, or a parameter."""
         if name in self.values:
             return self.values[name]
+        info = self.tensors.get(name)
         if name in self.consts and np.asarray(self.consts[name]).size == 1:
             arr = np.asarray(self.consts[name])
             text = lit(arr.reshape(-1)[0], arr.dtype)
             v = Val(tuple(arr.shape), value_dtype(arr.dtype), lambda idx, t=text: t)
+        elif info is not None and info.shape is not None and 0 in info.shape:
+            v = empty(info.shape, info.dtype)  # no element is ever read: no parameter
         else:
             info = self.tensors[name]
             v = self.add_param(name, info.shape, info.dtype)
@@ -216,6 +220,8 @@ class Builder:
         written tensor (a fresh temporary when None).
         """
         shape = tuple(shape)
+        if 0 in shape:  # an empty domain: the statement would do nothing (TC ranges are not empty)
+            return empty(shape, dtype)
         tc_shape = shape or (1,)
         if name is None:
             name = f"T{self.temps}"
@@ -248,6 +254,11 @@ def broadcast_index(v: Val, out_shape: tuple, idx: list) -> list:
     r = len(v.shape)
     tail = idx[len(idx) - r:] if r else []
     return ["0" if d == 1 and n != 1 else i for i, d, n in zip(tail, v.shape, out_shape[len(out_shape) - r:])]
+
+
+def empty(shape, dtype) -> Val:
+    """The value of a tensor with a 0 extent: nothing reads an element of it (every loop over it is empty)."""
+    return Val(tuple(shape), np.dtype(dtype), lambda idx: lit(0, dtype), None, True)
 
 
 def lazy(shape, dtype, fn: Callable, cheap: bool = False) -> Val:
@@ -311,9 +322,15 @@ def _same_ranges(a: str, b: str, rank: int) -> bool:
     return ranges(a) == ranges(b)
 
 
+def _is_empty(g: nx.DiGraph, name: str) -> bool:
+    info = g.graph["tensors"].get(name)
+    return info is not None and info.shape is not None and 0 in info.shape
+
+
 def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
-    """The TC def of a kernel group (None for an alias group)."""
-    if group.kind == "alias":
+    """The TC def of a kernel group (None for an alias group, and for a group whose outputs are all empty:
+    their storage, of 0 bytes, is all there is to them). An empty output is not returned by the def."""
+    if group.kind == "alias" or all(_is_empty(g, t) for t in group.outputs):
         return None
     from .ops import converter  # the per-op functions
 
@@ -335,8 +352,9 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
             if name and v is not None:
                 b.values[name] = rounded(v, getattr(b.tensors.get(name), "dtype", None))
     out_names = []
-    outputs_kept = frozenset(b.values[o].tensor for o in group.outputs if b.values[o].tensor)
-    for k, onnx_name in enumerate(group.outputs):
+    returned = tuple(t for t in group.outputs if not _is_empty(g, t))
+    outputs_kept = frozenset(b.values[o].tensor for o in returned if b.values[o].tensor)
+    for k, onnx_name in enumerate(returned):
         tc = f"Y{k}"
         v, dtype = b.values[onnx_name], np.dtype(b.tensors[onnx_name].dtype)
         if dtype.name in STORAGE:  # already rounded: no float32 temporary may become the output in place
@@ -351,7 +369,7 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
         params.append(f"{tc_type(dtype)}{dims} {tc}")
         tc_shapes[onnx_name] = shape
     outs = []
-    for tc, onnx_name in zip(out_names, group.outputs):
+    for tc, onnx_name in zip(out_names, returned):
         info = b.tensors[onnx_name]
         shape = info.shape or (1,)
         outs.append(f"{tc_type(info.dtype)}({','.join(str(d) for d in shape)}) {tc}")
@@ -359,7 +377,7 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
     body = "\n".join(f"    {s.text}" for s in b.stmts)
     name = _def_name(group)
     source = f"def {name}({', '.join(params)}) -> ({', '.join(outs)}) {{\n{body}\n}}\n"
-    return LoweredKernel(group.name, name, source, tuple(p[1] for p in b.params), tuple(group.outputs),
+    return LoweredKernel(group.name, name, source, tuple(p[1] for p in b.params), returned,
                          dict(b.extra_constants), tc_shapes)
 
 
@@ -370,32 +388,79 @@ def lower_groups(g: nx.DiGraph, groups: list) -> list:
 
 # ---- the supported-op check ------------------------------------------------------------------------------------
 
+#: Ops with no kernel of their own: their output is their input's memory under another shape.
+ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+
+
+def supported_ops(opset: int) -> list:
+    """The default-domain ops polyc compiles at ``opset``: those with a converter, the alias ops, and
+    Dropout (removed in inference mode by :func:`~polyc.onnx.passes.remove_identities`)."""
+    from .ops import CONVERTERS, converter
+
+    return sorted({op for op in CONVERTERS if converter(op, opset) is not None} | set(ALIAS_OPS) | {"Dropout"})
+
+
+def _grouped(problems: list) -> list:
+    """``(key, node, text)`` problems as one line per key, in order of first appearance: the text itself
+    when it occurs once, else ``what ×count (first: node ...)``."""
+    groups: dict = {}
+    for key, node, text in problems:
+        groups.setdefault(key, []).append((node, text))
+    lines = []
+    for key, items in groups.items():
+        if len(items) == 1:
+            lines.append(items[0][1])
+        else:
+            lines.append(f"{key} ×{len(items)} (first: {items[0][0]})")
+    return lines
+
+
 def check_supported(g: nx.DiGraph) -> None:
-    """Raise :class:`~polyc.errors.UnsupportedError` listing *every* unsupported node and attribute at once."""
+    """Raise :class:`~polyc.errors.UnsupportedError` listing *every* unsupported node and attribute at once.
+
+    Problems are grouped: one line per unsupported operator (``unsupported operator HardSwish ×19 (first:
+    node hs_3, opset 17)``), per unsupported attribute value, per unsupported dtype; a problem seen once is
+    named with its node. The message ends with the list of supported operators at the model's opset.
+    """
     from .ops import check_node, converter
 
     opset = g.graph["opset"]
-    problems = []
+    problems = []  # (group key, first node, full text)
     if opset < MIN_OPSET:
-        problems.append(f"opset {opset} is older than the oldest supported opset {MIN_OPSET}")
+        text = f"opset {opset} is older than the oldest supported opset {MIN_OPSET}"
+        problems.append((text, "", text))
     newest = onnx.defs.onnx_opset_version()
     if opset > newest:
-        problems.append(f"opset {opset} is newer than the installed onnx ({newest})")
+        text = f"opset {opset} is newer than the installed onnx ({newest})"
+        problems.append((text, "", text))
     for nid, d in sorted(g.nodes(data=True), key=lambda x: x[1]["order"]):
         if d.get("domain", "") not in ("", "ai.onnx"):
-            problems.append(f"unsupported operator {d['domain']}.{d['op']} on node {nid}")
+            key = f"unsupported operator {d['domain']}.{d['op']}"
+            problems.append((key, f"node {nid}", f"{key} on node {nid}"))
             continue
-        if d["op"] in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"):
+        if d["op"] in ALIAS_OPS:
             pass
         elif converter(d["op"], opset) is None:
-            problems.append(f"unsupported operator {d['op']} on node {nid} (opset {opset})")
+            key = f"unsupported operator {d['op']}"
+            problems.append((key, f"node {nid}, opset {opset}", f"{key} on node {nid} (opset {opset})"))
             continue
-        problems.extend(check_node(g, nid, d))
+        for text in check_node(g, nid, d):
+            key = re.sub(rf" (on|of) node {re.escape(nid)}\b", "", text)
+            key = re.sub(r" \('[^']*'\)", "", key)  # an input's tensor name differs from node to node
+            problems.append((key, f"node {nid}", text))
     for name in g.graph["inputs"] + [t for _, d in g.nodes(data=True) for t in d["outputs"] if t]:
         info = g.graph["tensors"].get(name)
-        if info is not None and info.dtype is not None and (np.dtype(info.dtype).name != "bfloat16"
-                                                            and np.dtype(info.dtype).kind in "OUSVcMm"):
+        if info is None or info.dtype is None:
+            continue
+        try:
+            tc_type(info.dtype)
+        except UnsupportedError:
             kind = "string" if np.dtype(info.dtype).kind in "OUS" else np.dtype(info.dtype).name
-            problems.append(f"tensor {name!r} has dtype {kind}, which polyc does not support")
+            problems.append((f"unsupported dtype {kind}", f"tensor {name!r}",
+                             f"tensor {name!r} has dtype {kind}, which polyc does not support"))
     if problems:
-        raise UnsupportedError(f"the model uses {len(problems)} unsupported feature(s):\n  " + "\n  ".join(problems))
+        lines = _grouped(problems)
+        ops = supported_ops(opset)
+        known = textwrap.fill(", ".join(ops), width=108, initial_indent="    ", subsequent_indent="    ")
+        raise UnsupportedError(f"the model uses {len(lines)} unsupported feature(s):\n  " + "\n  ".join(lines)
+                               + f"\npolyc supports {len(ops)} operators at opset {opset}:\n{known}")

@@ -9,18 +9,19 @@ have a static shape.
 from __future__ import annotations
 
 import hashlib
+import warnings
 
 import networkx as nx
 import numpy as np
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from ..errors import CompileError, ShapeError, UnsupportedError
+from ..errors import CompileError, ShapeError
 from .control import lower_control_flow
 from .graph import (TensorInfo, export_attr, add_op, connect, consumers, copy_graph, fresh_name, producer,
                     remove_op, replace_uses, set_constant, to_model, topo_order)
 from .load import infer_shapes
-from .validate import too_large
+from .validate import WINDOW_OPS, too_large
 
 #: Ops never folded: their value is not a function of their inputs.
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -101,8 +102,37 @@ def _static_shape_value(g: nx.DiGraph, d: dict):
     return shape[start:end]
 
 
+def _gather_elements(d: dict, values: list) -> list:
+    """GatherElements (ONNX spec, opset 11+; 13 widens the types): ``out[i..] = data[i.. with i_axis =
+    indices[i..]]``, negative indices counted from the end. onnx's reference uses ``np.choose``, which
+    takes at most 64 choices (and its fallback reshapes wrongly), so folding uses ``np.take_along_axis``.
+    ``indices`` may be smaller than ``data`` on the other axes (the output has its shape).
+    Raises ValueError for a rank mismatch or an index out of range (the node then stays unfolded)."""
+    data, indices = np.asarray(values[0]), np.asarray(values[1]).astype(np.int64)
+    rank = data.ndim
+    axis = int(d["attrs"].get("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    if indices.ndim != rank or not 0 <= axis < rank:
+        raise ValueError(f"GatherElements: indices of rank {indices.ndim}, data of rank {rank}, axis {axis}")
+    if any(i > n for k, (i, n) in enumerate(zip(indices.shape, data.shape)) if k != axis):
+        raise ValueError("GatherElements: indices larger than data outside the axis")
+    n = data.shape[axis]
+    if indices.size and (indices.min() < -n or indices.max() >= n):
+        raise ValueError(f"GatherElements: an index is out of range for extent {n}")
+    indices = np.where(indices < 0, indices + n, indices)
+    view = data[tuple(slice(None) if k == axis else slice(0, indices.shape[k]) for k in range(rank))]
+    return [np.take_along_axis(view, indices, axis=axis)]
+
+
+#: Ops folded by polyc's own numpy code, where onnx's reference evaluator is wrong or limited.
+FOLDERS = {"GatherElements": _gather_elements}
+
+
 def evaluate_node(d: dict, values: list, opset: int) -> list:
-    """Run one node on numpy inputs with :class:`onnx.reference.ReferenceEvaluator`."""
+    """Run one node on numpy inputs: polyc's own code for the ops in :data:`FOLDERS`, else
+    :class:`onnx.reference.ReferenceEvaluator`. Any exception means the node cannot be evaluated."""
+    if d["op"] in FOLDERS and all(v is not None for v in values):
+        return FOLDERS[d["op"]](d, values)
     if d["op"] == "Constant":
         a = d["attrs"]
         for key in ("value", "value_float", "value_int"):
@@ -124,8 +154,11 @@ def evaluate_node(d: dict, values: list, opset: int) -> list:
     outputs = [helper.make_tensor_value_info(n, 0, None) for n in outs]
     model = helper.make_model(helper.make_graph([node], "fold", inputs, outputs),
                               opset_imports=[helper.make_opsetid("", opset)])
-    ev = ReferenceEvaluator(model)
-    result = ev.run(None, {n: v for n, v in zip(names, values) if n})
+    with warnings.catch_warnings(), np.errstate(all="ignore"):  # the mean of an empty set is nan, quietly
+        warnings.simplefilter("ignore")
+        result = ReferenceEvaluator(model).run(None, {n: v for n, v in zip(names, values) if n})
+    if any(r is None or isinstance(r, (list, tuple, dict)) for r in result):
+        raise ValueError(f"{d['op']} yields a sequence, a map or an absent optional, not a tensor")
     return [np.asarray(r) for r in result]
 
 
@@ -151,18 +184,69 @@ def _check_fold_size(g: nx.DiGraph, nid: str, d: dict, values: list) -> None:
             raise error
 
 
+def _fits_outputs(g: nx.DiGraph, d: dict, results) -> bool:
+    """Whether folded ``results`` can replace the node: one numpy array per named output, each with the
+    shape onnx inferred for it (when it inferred one); otherwise the node stays to be compiled."""
+    try:
+        results = list(results)
+    except TypeError:
+        return False
+    names = list(d["outputs"])
+    if len(results) < len([o for o in names if o]):
+        return False
+    for name, value in zip(names, results):
+        if not name:
+            continue
+        if not isinstance(value, np.ndarray) or value.dtype.kind in "OUSV":
+            return False
+        info = g.graph["tensors"].get(name)
+        if info is not None and info.shape is not None and tuple(info.shape) != tuple(value.shape):
+            return False
+    return True
+
+
+def _empty(info) -> bool:
+    """Whether a tensor's static type says it holds no element (a 0 extent)."""
+    return info is not None and info.shape is not None and info.dtype is not None and 0 in info.shape \
+        and min(info.shape) >= 0
+
+
+def _empty_value(info) -> np.ndarray:
+    return np.zeros(info.shape, np.dtype(info.dtype))
+
+
 def fold_constants(g: nx.DiGraph) -> nx.DiGraph:
     """Evaluate every node whose inputs are all compile-time constants; Shape/Size of static tensors fold too.
 
-    The folded node disappears and its outputs join ``g.graph["constants"]``. A node onnx's reference
-    evaluator cannot run stays in the graph (later checks name what is wrong with it); one whose output
-    would not fit in memory raises :class:`~polyc.errors.UnsupportedError` giving the bytes needed.
+    The folded node disappears and its outputs join ``g.graph["constants"]``. A node that cannot be evaluated
+    (any exception from :func:`evaluate_node`, or results that are not arrays of the inferred shapes) stays
+    in the graph to be compiled, and later checks name what is wrong with it; one whose output would not fit
+    in memory raises :class:`~polyc.errors.UnsupportedError` giving the bytes needed.
+
+    Zero-size tensors: a tensor with a 0 extent has no value to compute, so it is a constant (an empty
+    array): an empty graph input is one too (its feed is still checked), and a node whose outputs are all
+    empty is removed (unless it is a window op over a non-empty input, which :func:`check_shapes` rejects).
+    Nodes reading empty tensors then fold like any other: a reduction over an empty set gives its identity
+    (ONNX spec, ReduceX opset 18: 0 for ReduceSum, 1 for ReduceProd, -inf for ReduceMax and ReduceLogSum ...).
     """
     g = copy_graph(g)
     consts = g.graph["constants"]
+    tensors = g.graph["tensors"]
+    for name in g.graph["inputs"]:
+        if _empty(tensors.get(name)):
+            consts[name] = _empty_value(tensors[name])
     for nid in topo_order(g):
         d = g.nodes[nid]
-        if d["op"] in NONDETERMINISTIC or d.get("domain", "") not in ("", "ai.onnx"):
+        if d.get("domain", "") not in ("", "ai.onnx"):
+            continue
+        outs = [t for t in d["outputs"] if t]
+        if outs and all(_empty(tensors.get(t)) for t in outs) and not (
+                d["op"] in WINDOW_OPS and not any(_empty(tensors.get(t)) for t in d["inputs"] if t)):
+            remove_op(g, nid)
+            for name in outs:
+                set_constant(g, name, _empty_value(tensors[name]))
+            continue
+        if d["op"] in NONDETERMINISTIC:
             continue
         if d["op"] in ("Shape", "Size"):
             value = _static_shape_value(g, d)
@@ -176,9 +260,9 @@ def fold_constants(g: nx.DiGraph) -> nx.DiGraph:
             _check_fold_size(g, nid, d, values)
             try:
                 results = evaluate_node(d, values, g.graph["opset"])
-            except Exception:  # onnx's reference evaluator rejects the node: it stays, later checks name it
+            except Exception:  # noqa: BLE001 - whatever the evaluator raises, the node stays to be compiled
                 continue
-            if len(results) < len([o for o in d["outputs"] if o]):
+            if not _fits_outputs(g, d, results):
                 continue
         remove_op(g, nid)
         for name, value in zip(d["outputs"], results):
@@ -460,18 +544,62 @@ def infer_static_shapes(g: nx.DiGraph) -> nx.DiGraph:
         if t.HasField("shape") and all(dd.HasField("dim_value") for dd in t.shape.dim):
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
             infos[vi.name] = TensorInfo(tuple(int(dd.dim_value) for dd in t.shape.dim), dtype)
+    from .lower import ALIAS_OPS
+    from .ops import converter
+
+    vague = set()  # tensors of unsupported nodes and of nodes after them: check_supported names those nodes
     for nid in topo_order(g):
         d = g.nodes[nid]
+        unsupported = d.get("domain", "") not in ("", "ai.onnx") or (
+            d["op"] not in ALIAS_OPS and converter(d["op"], g.graph["opset"]) is None)
+        if unsupported or any(t in vague for t in d["inputs"]):
+            vague.update(t for t in d["outputs"] if t and t not in infos)
         for t in d["outputs"]:
-            if not t:
+            if not t or t in vague:
                 continue
             if t not in infos:
                 raise ShapeError(f"tensor {t!r} written by node {nid} ({d['op']}) has no static shape "
                                  f"after shape inference", hint="pin dynamic input dims with input_shapes=")
-            if 0 in infos[t].shape and min(infos[t].shape) >= 0:  # negative sizes: check_shapes names them
-                raise UnsupportedError(f"tensor {t!r} written by node {nid} ({d['op']}) has shape "
-                                       f"{infos[t].shape}: zero-size tensors are not supported")
             g.graph["tensors"][t] = infos[t]
+    return g
+
+
+def _shapes_pending(g: nx.DiGraph) -> bool:
+    tensors = g.graph["tensors"]
+    return any(t and (t not in tensors or tensors[t].shape is None)
+               for _, d in g.nodes(data=True) for t in d["outputs"])
+
+
+def refresh_shapes(g: nx.DiGraph) -> nx.DiGraph:
+    """Shape inference again (with data propagation) on the graph as it is: folding may have made constant
+    what a shape depended on (a Pad's pads computed from a fed crop size). Tensors that get a static shape
+    take it; nothing else changes, and a failing inference leaves the graph as it was."""
+    try:
+        model = infer_shapes(to_model(g, weights=False))
+    except Exception:  # noqa: BLE001 - infer_static_shapes reports it at the end
+        return g
+    g = copy_graph(g)
+    tensors = g.graph["tensors"]
+    for vi in list(model.graph.value_info) + list(model.graph.output):
+        t = vi.type.tensor_type
+        old = tensors.get(vi.name)
+        if (old is None or old.shape is None) and t.HasField("shape") and t.elem_type \
+                and all(dd.HasField("dim_value") for dd in t.shape.dim):
+            tensors[vi.name] = TensorInfo(tuple(int(dd.dim_value) for dd in t.shape.dim),
+                                          np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)))
+    return g
+
+
+def fold_with_shapes(g: nx.DiGraph, rounds: int = 4) -> nx.DiGraph:
+    """:func:`fold_constants` after :func:`refresh_shapes`, again while some tensor has no static shape and
+    a round folds something (at most ``rounds`` times): ``Shape(Pad(x, pads))`` folds once pads are known."""
+    for _ in range(rounds):
+        if not _shapes_pending(g):
+            break
+        folded = fold_constants(refresh_shapes(g))
+        if folded.number_of_nodes() == g.number_of_nodes():
+            break
+        g = folded
     return g
 
 
@@ -490,10 +618,12 @@ def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
     if space_to_depth:
         g = strided_conv_to_space_to_depth(g)
     g = fold_constants(g)
+    g = fold_with_shapes(g)
     g = eliminate_dead_code(g)
     g = infer_static_shapes(g)
     return g
 
 
 __all__ = ["remove_identities", "fold_constants", "eliminate_common_subexpressions", "fold_batchnorm",
-           "decompose_batchnorm", "strided_conv_to_space_to_depth", "eliminate_dead_code", "infer_static_shapes", "simplify", "evaluate_node"]
+           "decompose_batchnorm", "strided_conv_to_space_to_depth", "eliminate_dead_code", "infer_static_shapes",
+           "simplify", "evaluate_node", "refresh_shapes", "fold_with_shapes"]

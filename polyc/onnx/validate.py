@@ -27,6 +27,11 @@ AXIS_OPS = {"Softmax", "LogSoftmax", "Hardmax", "LayerNormalization", "Concat", 
             "ArgMax", "ArgMin", "CumSum", "GatherElements", "ScatterElements", "QuantizeLinear",
             "DequantizeLinear"}
 
+#: Ops sliding a window over their input: an empty output from a non-empty input means the window does not
+#: fit (a kernel larger than the padded input), which is invalid; other ops may legitimately give empty tensors.
+WINDOW_OPS = {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool",
+              "MaxUnpool", "DeformConv", "Col2Im"}
+
 #: Ops whose output is the input's memory seen with another shape (see :mod:`polyc.onnx.memory`).
 SAME_COUNT = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 
@@ -262,15 +267,18 @@ def _expected(g, nid, d):
 def check_shapes(g: nx.DiGraph) -> None:
     """Raise :class:`~polyc.onnx.load.ModelError` listing every node whose output shapes do not follow from
     its inputs (a Reshape that changes the element count, a bad perm, out-of-range constant gather indices,
-    split sizes that do not add up, non-broadcastable operands ...), and every tensor with a size < 1 (a
-    Conv kernel larger than its padded input, say), naming the node, its op and the shapes involved."""
+    split sizes that do not add up, non-broadcastable operands ...), and every tensor with a negative size, or
+    an empty output of a window op (:data:`WINDOW_OPS`) over a non-empty input (a Conv kernel larger than its
+    padded input, say), naming the node, its op and the shapes involved."""
     t = g.graph["tensors"]
     problems = []
     for nid, d in sorted(g.nodes(data=True), key=lambda x: x[1]["order"]):
         label = f"node {nid} ({d['op']})"
+        empty_input = any(n and n in t and t[n].shape is not None and 0 in t[n].shape for n in d["inputs"])
         for name in d["outputs"]:
             info = t.get(name) if name else None
-            if info is not None and info.shape is not None and any(s < 1 for s in info.shape):
+            if info is not None and info.shape is not None and (
+                    any(s < 0 for s in info.shape) or (0 in info.shape and d["op"] in WINDOW_OPS and not empty_input)):
                 shown = ", ".join(f"{n} {t[n]}" for n in d["inputs"] if n and n in t)
                 attrs = {k: v for k, v in d["attrs"].items() if k in ("kernel_shape", "pads", "strides",
                                                                         "dilations", "auto_pad")}
