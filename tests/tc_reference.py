@@ -54,9 +54,10 @@ class OutOfBounds(TCError):
 
 # ---- range inference -------------------------------------------------------------------------------------
 
-#: Index values are enumerated in [-4 L, 4 L] when inferring a range, L the largest extent (at least
-#: WINDOW); a good set with a value beyond 3 L is unbounded (arguments are affine with small coefficients,
-#: so a bounded range stays within about 2 L).
+#: Index values are enumerated in [-8 L, 8 L] when inferring a range, L the largest extent (at least
+#: WINDOW); a good set that reaches either end of that window is unbounded. Arguments are affine with small
+#: coefficients and divisors, so a bounded range stays well inside: ``A((N - 1 - k) / -3)`` bounds k to
+#: [N - 1, 4 N - 1), which an earlier "beyond 3 L" rule wrongly called unbounded.
 WINDOW = 16
 
 
@@ -94,8 +95,7 @@ def infer_ranges(stmt: Statement, index_names: list, shapes: dict, sizes: dict):
     constraints = []
     # true ranges of the affine arguments polyc's programs use stay within a few times the largest extent
     largest = max([WINDOW] + [int(v) for v in sizes.values()] + [e for shape in shapes.values() for e in shape])
-    window = np.arange(-4 * largest, 4 * largest + 1, dtype=np.int64)
-    far = np.abs(window) > 3 * largest
+    window = np.arange(-8 * largest, 8 * largest + 1, dtype=np.int64)
     while True:
         solved = {}
         for index in index_names:
@@ -125,7 +125,7 @@ def infer_ranges(stmt: Statement, index_names: list, shapes: dict, sizes: dict):
             if not good.any():
                 raise TCError(f"the inferred range of {index} is empty")
             where = np.nonzero(good)[0]
-            if (good & far).any():
+            if good[0] or good[-1]:
                 raise TCError(f"the inferred range of {index} is unbounded")
             solved[index] = (int(window[where[0]]), int(window[where[-1]]) + 1)
         if not solved:

@@ -220,3 +220,20 @@ def test_short_fuzz_run(tmp_path):
     assert counts.get("compiled", 0) >= CI_PROGRAMS // 4  # the generator produces mostly valid programs
     for kind in ("mismatched", "crashed", "foreign", "timeouts", "harness errors"):
         assert counts.get(kind, 0) == 0, proc.stdout[-4000:]
+
+
+@pytest.mark.parametrize("seed, option_set, case", [
+    (2026006237, "default", 2),  # isl handed back no tree past the in-process pivot budget: AttributeError
+    (2026024518, "wild", 1),     # (the same, under fusion=max with packing)
+    (2026020169, "parallel", 2),  # A((N-1-k)/-3) bounds k to [N-1, 4N-1): the reference called it unbounded
+])
+def test_programs_the_20000_program_run_found(seed, option_set, case):
+    """Programs of ``scripts/fuzz.py --programs 20000 --seed 2026`` that once failed, judged again."""
+    import polyc
+
+    program = F.generate(seed)
+    spec = F.PARALLEL_OPTIONS if option_set == "parallel" else F.OPTION_SETS[option_set]
+    ref = F.reference(program, case)
+    kernel = polyc.define(program.text)
+    verdict, why = F._run_polyc(polyc, kernel, None, spec, program.sizes[case], ref)
+    assert verdict == "ok", why

@@ -120,7 +120,10 @@ def isl_schedule_text(constraints: str, fusion: str, max_constant_term: int | No
     ctx.reset_operations()
     ctx.set_max_operations(max_operations)
     try:
-        return sc.compute_schedule().to_str()
+        schedule = sc.compute_schedule()
+        # past the budget isl may hand back a NULL tree without raising (islpy then gives None)
+        found = schedule.to_str() if schedule is not None else None
+        return found or ""
     except isl.Error as exc:
         return "" if "maximal number of operations" in str(exc) else f"error: {exc}"
     finally:
