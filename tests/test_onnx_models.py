@@ -6,7 +6,7 @@
 2. re-weighted with seeded random weights (outputs depend on the input): against onnxruntime on random
    inputs, comparing the softmax's input (the logits) as well as the output.
 
-resnet50, squeezenet and shufflenet run by default; all nine run with ``-m slow``.
+resnet50, squeezenet (re-weighted only) and shufflenet run by default; all nine run with ``-m slow``.
 """
 import numpy as np
 import onnx
@@ -26,6 +26,8 @@ def ort_session(model):
 
 FAST = ("resnet50", "squeezenet", "shufflenet")
 SLOW = tuple(n for n in testing.LIGHT_MODELS if n not in FAST)
+#: squeezenet's expected-output check repeats what its re-weighted check against onnxruntime shows (34 s)
+FAST_EXPECTED = ("resnet50", "shufflenet")
 
 
 def _check_expected(name):
@@ -53,7 +55,7 @@ def _check_reweighted(name, seed=0):
     assert not np.allclose(other[-1], got[-1], rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", FAST)
+@pytest.mark.parametrize("name", FAST_EXPECTED)
 def test_light_model_matches_expected_output(name):
     _check_expected(name)
 
@@ -64,7 +66,7 @@ def test_reweighted_light_model_matches_onnxruntime(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", SLOW)
+@pytest.mark.parametrize("name", SLOW + tuple(n for n in FAST if n not in FAST_EXPECTED))
 def test_light_model_matches_expected_output_slow(name):
     _check_expected(name)
 
