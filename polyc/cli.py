@@ -117,7 +117,7 @@ def _compile_model(args):
 
 #: ONNX ``elem_type`` -> numpy dtype name, for checking feeds before the model is compiled.
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-                11: "float64", 12: "uint32", 13: "uint64"}
+                10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16"}
 
 
 def load_feeds(path: str, specs: list[str]) -> dict:

@@ -118,7 +118,8 @@ class CompiledModel:
                                      f"{dtype.name}{list(shape)}: {e}") from e
             if value.dtype != dtype:
                 raise ShapeError(f"input {name!r}: expected dtype {dtype.name}, got {value.dtype.name}",
-                                 hint=f"convert it with .astype(np.{dtype.name})")
+                                 hint=f"convert it with .astype("
+                                      f"{'ml_dtypes' if dtype.name == 'bfloat16' else 'np'}.{dtype.name})")
             if tuple(value.shape) != tuple(shape):
                 raise ShapeError(f"input {name!r}: expected shape {list(shape)}, got {list(value.shape)}")
             out[name] = np.ascontiguousarray(value)
