@@ -314,6 +314,18 @@ def _pool_geometry(b, node, x, ys):
     return nsp, kernel, strides, dil, pb
 
 
+def _window_read(x, ys, idx, red, nsp, kernel, strides, dil, pb, fill: str) -> str:
+    """The read of a pooling window's element ``red`` for output ``idx`` (N, C, spatial...), ``fill`` where
+    the window lies in the padding."""
+    coords, conds = [], []
+    for i in range(nsp):
+        t, cs = window(idx[2 + i], red[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
+        coords.append(t)
+        conds += cs
+    read = x.at(idx[:2] + coords)
+    return f"({guard(conds)}) ? {read} : {fill}" if conds else read
+
+
 def max_pool(b: Builder, node):
     """MaxPool: pads (padding never wins), strides, dilations, ceil_mode, auto_pad."""
     x = b.input(node, 0)
@@ -321,13 +333,7 @@ def max_pool(b: Builder, node):
     nsp, kernel, strides, dil, pb = _pool_geometry(b, node, x, ys)
 
     def body(idx, red):
-        coords, conds = [], []
-        for i in range(nsp):
-            t, cs = window(idx[2 + i], red[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
-            coords.append(t)
-            conds += cs
-        read = x.at(idx[:2] + coords)
-        return f"({guard(conds)}) ? {read} : {lowest(x.dtype)}" if conds else read
+        return _window_read(x, ys, idx, red, nsp, kernel, strides, dil, pb, lowest(x.dtype))
     real, names = reduction_dims(kernel)
     return [b.emit(ys, x.dtype, lambda idx, red: body(idx, names(red)), reduce_op_for(real, "max=!"), real)]
 
@@ -366,13 +372,7 @@ def average_pool(b: Builder, node):
     counts = counts.astype(x.dtype)
 
     def body(idx, red):
-        coords, conds = [], []
-        for i in range(nsp):
-            t, cs = window(idx[2 + i], red[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
-            coords.append(t)
-            conds += cs
-        read = x.at(idx[:2] + coords)
-        return f"({guard(conds)}) ? {read} : {zero(x.dtype)}" if conds else read
+        return _window_read(x, ys, idx, red, nsp, kernel, strides, dil, pb, zero(x.dtype))
     real, names = reduction_dims(kernel)
     s = b.emit(ys, x.dtype, lambda idx, red: body(idx, names(red)), reduce_op_for(real), real)
     if np.all(counts == counts.reshape(-1)[0]):
