@@ -3,7 +3,8 @@
 
 A JIT-compiled loop of independent vector FMA chains (``llvm.fma``, built with llvmlite for the host CPU and
 its features), timed at 1 and N threads (N Python threads calling it at once; ctypes releases the GIL), for
-fp32 and fp64. Run it on its own to print the figures::
+fp32 and fp64, for the CPU polyc targets (``POLYC_CPU`` overrides the host's, as for the kernels). Run it
+on its own to print the figures::
 
     python scripts/fma_peak.py [--threads N] [--runs R]
 """
@@ -38,16 +39,15 @@ class FmaPeak:
 
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
-        self.cpu = llvm.get_host_cpu_name()
-        try:
-            self.features = llvm.get_host_cpu_features().flatten()
-        except RuntimeError:  # LLVM cannot list the host's features on some platforms
-            self.features = ""
+        from polyc.codegen.target import host_target
+
+        target = host_target()  # the CPU polyc generates code for: POLYC_CPU=znver3 measures AVX2's peak
+        self.cpu, self.features = target.cpu, target.features
         enabled = {f[1:] for f in self.features.split(",") if f.startswith("+")}
-        self.bits = 512 if "avx512f" in enabled else 256 if "avx" in enabled else 128
+        self.bits = target.vector_bits
         # at least FMA latency x FMA pipes chains keep every pipe busy (4 x 2 on Zen 4/5 and recent Intel
-        # cores); AVX-512 has 32 vector registers, AVX2 16 (the chains, a and b must all stay in registers)
-        self.chains = 16 if self.bits == 512 else 12
+        # cores); the chains, a and b must all stay in the vector registers (32 with AVX-512, 16 with AVX2)
+        self.chains = min(16, target.vector_registers - 4)
         self.isa = {512: "AVX-512", 256: "AVX2" if "avx2" in enabled else "AVX", 128: "128-bit"}[self.bits]
         self.lanes = {"float32": self.bits // 32, "float64": self.bits // 64}
 

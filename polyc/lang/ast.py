@@ -35,6 +35,10 @@ from ..errors import Span
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
           "float32", "float64")
 
+#: Bytes per element of each dtype as stored in memory (``bool`` takes one byte).
+ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2, "int32": 4,
+            "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8}
+
 #: The storage types: 2-byte floats whose values compute as float32 (IEEE binary16; bfloat16 is the top half
 #: of a float32). numpy has float16; bfloat16 arrays are ``ml_dtypes.bfloat16``.
 STORAGE_DTYPES = ("float16", "bfloat16")

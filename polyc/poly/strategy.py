@@ -77,9 +77,7 @@ def lanes(scop: Scop, target) -> int:
 
 
 def _itemsize(dtype: str) -> int:
-    return {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2,
-            "int32": 4, "uint32": 4,
-            "float32": 4}.get(dtype, 8)
+    return L.ITEMSIZE[dtype]
 
 
 def optimize(schedule: isl.Schedule, scop: Scop, deps: Dependences, target, options: Options):
