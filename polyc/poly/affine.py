@@ -14,6 +14,8 @@ every divisor), so an access proven in bounds here is in bounds in the kernel.
 """
 from __future__ import annotations
 
+import islpy as isl
+
 from ..lang import ast as L
 
 #: Words isl's parser reserves; an index with one of these names gets a trailing underscore in isl text.
@@ -243,3 +245,30 @@ def has_access(expr: L.Expr) -> bool:
     if isinstance(expr, L.Access):
         return True
     return any(has_access(c) for c in children(expr))
+
+
+def element_stride(args, shape, index: str, indices, sizes) -> int | None:
+    """How many elements the access ``T(args)`` moves when ``index`` grows by one (``None``: not affine)."""
+    names = list(indices)
+    dims = ", ".join(isl_name(n) for n in names)
+    stride, total = 1, 0
+    for arg, extent in reversed(list(zip(args, shape))):
+        text = affine_text(arg, set(names), sizes)
+        if text is None:
+            return None
+        aff = isl.Aff(f"{{ [{dims}] -> [({text})] }}")
+        if aff.dim(isl.dim_type.div) and index in _names_in(arg):
+            return None
+        coefficient = int(aff.get_coefficient_val(isl.dim_type.in_, names.index(index)).to_python())
+        total += coefficient * stride
+        stride *= extent
+    return total
+
+
+def _names_in(expr) -> set[str]:
+    found = set()
+    if isinstance(expr, L.Ident):
+        found.add(expr.name)
+    for c in children(expr):
+        found |= _names_in(c)
+    return found

@@ -38,7 +38,7 @@ import islpy as isl
 from ..errors import CompileError
 from ..lang import ast as L
 from ..options import Options
-from .affine import affine_text, children, isl_name
+from .affine import children, element_stride
 from .deps import Dependences
 from .scop import PolyStatement, Scop
 from .transforms import (band_coincident, band_extents, band_permute, band_sink, band_split, band_tile, bands,
@@ -142,33 +142,6 @@ def _reads(expr: L.Expr) -> list[L.Access]:
     return found
 
 
-def element_stride(args, shape, index: str, indices, sizes) -> int | None:
-    """How many elements the access ``T(args)`` moves when ``index`` grows by one (``None``: not affine)."""
-    names = list(indices)
-    dims = ", ".join(isl_name(n) for n in names)
-    stride, total = 1, 0
-    for arg, extent in reversed(list(zip(args, shape))):
-        text = affine_text(arg, set(names), sizes)
-        if text is None:
-            return None
-        aff = isl.Aff(f"{{ [{dims}] -> [({text})] }}")
-        if aff.dim(isl.dim_type.div) and index in _names_in(arg):
-            return None
-        coefficient = int(aff.get_coefficient_val(isl.dim_type.in_, names.index(index)).to_python())
-        total += coefficient * stride
-        stride *= extent
-    return total
-
-
-def _names_in(expr) -> set[str]:
-    found = set()
-    if isinstance(expr, L.Ident):
-        found.add(expr.name)
-    for c in children(expr):
-        found |= _names_in(c)
-    return found
-
-
 def access_strides(stmt: PolyStatement, scop: Scop, index: str):
     """``(write stride, [read strides])`` of ``stmt`` along ``index``; a gather read gives ``None``."""
     lhs_args = [L.Ident(n, None, "int32", "index") for n in stmt.lhs]
@@ -226,13 +199,16 @@ def jump_bytes(read: L.Access, indices, stmt: PolyStatement, scop: Scop) -> int:
 
 # ---- steps 2-5 ----------------------------------------------------------------------------------------
 
-def register_tile_sizes(options: Options, vector_lanes: int, vector_bits: int = 256) -> tuple[int, int]:
-    """``(MR, NR)``: the option, else two vectors wide and as many rows as keep ``MR x 2`` accumulators in
-    half the vector registers: 8 rows with AVX-512's 32 registers, 6 with AVX2's 16 (the 6x16 kernel)."""
+def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: int = 16) -> tuple[int, int]:
+    """``(MR, NR)``: the option, else NR = two vectors (``2 * vector_lanes`` elements) and MR the most rows
+    whose ``2 * MR`` accumulators fit in the vector registers beside the two vectors of the current row of
+    the vector operand and one broadcast element: ``MR = (vector_registers - 3) // 2`` — 6 with AVX2's 16
+    registers (the 6x16 micro-kernel of BLIS and OpenBLAS on Haswell/Zen), 14 with AVX-512's 32. Both give
+    at least the 8 independent accumulators that hide an FMA latency of 4 cycles on 2 FMA pipes."""
     if options.register_tile_sizes:
         sizes = tuple(options.register_tile_sizes) + (2 * vector_lanes,)
         return sizes[0], sizes[1]
-    return (8 if vector_bits >= 512 else 6), 2 * vector_lanes
+    return max(1, (vector_registers - 3) // 2), 2 * vector_lanes
 
 
 def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target, mr: int, nr: int,
@@ -302,7 +278,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     stream = v is not None and u is None and bool(R) and streams_rows(node, stmt, scop, v, R)
     order = P + [k for k in (u, v) if k is not None] + R
     extents = band_extents(node)
-    mr, nr = register_tile_sizes(options, lanes(scop, target), getattr(target, "vector_bits", 256))
+    mr, nr = register_tile_sizes(options, lanes(scop, target), getattr(target, "vector_registers", 16))
     itemsize = _itemsize(scop.tensor(stmt.tensor).dtype)
     in_band = {member_index(node, k, stmt) for k in range(n)}
     depth = 1
@@ -475,7 +451,12 @@ def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: i
     inner = node_at(below.get_schedule(), inner_path).band_sink()
     check_subtree(inner, pending, "register tile (band_sink)")
     schedule = inner.get_schedule()
-    for leaf in reversed(_leaf_bands(node_at(schedule, inner_path), width)):
+    leaves = _leaf_bands(node_at(schedule, inner_path), width)
+    # full tiles again, now that the point bands sit below the reduction loops: a tile is full only when it
+    # is for every value of those loops (a window loop near a padded border shortens the vector loop)
+    schedule = isolate_full_tiles(node_at(schedule, inner_path[:-1]),
+                                  [node_at(schedule, leaf) for leaf in leaves]).get_schedule()
+    for leaf in reversed(leaves):
         band = node_at(schedule, leaf)
         if width == 2:
             band = insert_mark(band_split(band, 1), "unroll").child(0)

@@ -122,47 +122,54 @@ def member_index(node: isl.ScheduleNode, member: int, stmt) -> str | None:
     return None
 
 
-def isolate_full_tiles(tile: isl.ScheduleNode) -> isl.ScheduleNode:
-    """Ask the AST generator to emit full tiles of ``tile``'s child point band separately (the
-    ``isolate`` AST build option, as PPCG's ``--isolate-full-tiles``): in the isolated part every point loop
-    runs its whole tile size, so its bounds are constants (no ``min``) and unrolled copies need no guard.
+def isolate_full_tiles(tile: isl.ScheduleNode, points=None) -> isl.ScheduleNode:
+    """Ask the AST generator to emit full tiles of ``tile`` separately (the ``isolate`` AST build option,
+    as PPCG's ``--isolate-full-tiles``): in the isolated part every point loop runs its whole tile size, so
+    its bounds are constants (no ``min``/``max``) and unrolled copies need no guard.
 
-    The isolated set is ``{ isolate[[outer] -> [tile]] }``: the values of the enclosing schedule dimensions
-    and of ``tile``'s members for which every point ``[0, size)`` of the child band is in the domain.
-    Returns the tile band node.
+    ``points`` are the point bands of the tile (default: ``tile``'s child). A point band may sit deeper, below
+    other loops (the register tile's point band sunk below the reduction loops): a tile is then full when the
+    point band's whole box ``[0, size)`` is in the domain *for every value* of the loops in between — a
+    convolution's window loops, whose bounds near a zero-padded border shorten the vector loop of the border
+    tile only. The isolated set is ``{ isolate[[outer] -> [tile]] }``: the values of the enclosing schedule
+    dimensions and of ``tile``'s members for which that holds for every point band. Returns the tile band
+    node.
     """
-    point = tile.child(0)
-    if point.get_type() != isl.schedule_node_type.band:
+    points = [tile.child(0)] if points is None else list(points)
+    n_tile = tile.band_n_member()
+    n_keep = tile.get_schedule_depth() + n_tile  # (outer, tile) dimensions of a point band's prefix
+    seen, bad = None, None
+    for point in points:
+        if point.get_type() != isl.schedule_node_type.band:
+            return tile
+        domain = point.get_domain()
+        prefix = point.get_prefix_schedule_union_map().intersect_domain(domain)
+        inner = point.band_get_partial_schedule_union_map().intersect_domain(domain)
+        image = prefix.range_product(inner).range()
+        if image.is_empty():
+            continue
+        pairs = isl.Set.from_union_set(image).unwrap()  # { [outer, tile, between] -> [point] }
+        n_point = point.band_n_member()
+        sizes = []
+        for k in range(n_point):
+            values = pairs.range().project_out(isl.dim_type.set, k + 1, n_point - k - 1).project_out(
+                isl.dim_type.set, 0, k)
+            sizes.append(int(values.lexmax().sample_point().get_coordinate_val(isl.dim_type.set, 0).to_python()) + 1)
+        box_text = ", ".join(f"p{k}" for k in range(n_point))
+        box = isl.Set(f"{{ [{box_text}] : " + " and ".join(f"0 <= p{k} < {s}" for k, s in enumerate(sizes)) + " }")
+        domain = pairs.domain()
+        missing = isl.Map.from_domain_and_range(domain, box).subtract(pairs).domain()
+        between = domain.dim(isl.dim_type.set) - n_keep
+        domain = domain.project_out(isl.dim_type.set, n_keep, between)
+        missing = missing.project_out(isl.dim_type.set, n_keep, between)
+        seen = domain if seen is None else seen.union(domain)
+        bad = missing if bad is None else bad.union(missing)
+    if seen is None:
         return tile
-    domain = point.get_domain()
-    prefix = point.get_prefix_schedule_union_map().intersect_domain(domain)
-    inner = point.band_get_partial_schedule_union_map().intersect_domain(domain)
-    image = prefix.range_product(inner).range()
-    if image.is_empty():
-        return tile
-    wrapped = isl.Set.from_union_set(image)
-    pairs = wrapped.unwrap()  # { [prefix] -> [point] }
-    n_point = point.band_n_member()
-    extents = []
-    for k in range(n_point):
-        lo = pairs.range().project_out(isl.dim_type.set, k + 1, n_point - k - 1).project_out(
-            isl.dim_type.set, 0, k)
-        extents.append(lo)
-    box_text = ", ".join(f"p{k}" for k in range(n_point))
-    sizes = []
-    for k in range(n_point):
-        hi = int(extents[k].lexmax().sample_point().get_coordinate_val(isl.dim_type.set, 0).to_python())
-        sizes.append(hi + 1)
-    box = isl.Set(f"{{ [{box_text}] : " + " and ".join(f"0 <= p{k} < {s}" for k, s in enumerate(sizes)) + " }")
-    domain = pairs.domain()
-    complete = isl.Map.from_domain_and_range(domain, box)
-    missing = complete.subtract(pairs).domain()
-    full = domain.subtract(missing)
+    full = seen.subtract(bad).coalesce()
     if full.is_empty():
         return tile
-    n_tile = tile.band_n_member()
-    n_outer = full.dim(isl.dim_type.set) - n_tile
-    option = isl.Map.from_range(full).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, n_outer)
+    option = isl.Map.from_range(full).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, n_keep - n_tile)
     option = option.wrap().set_tuple_name("isolate")
     return tile.band_set_ast_build_options(isl.UnionSet.from_set(option))
 
