@@ -615,13 +615,14 @@ class NativeProgram:
         self.n_slots = n_slots
         self.from_cache = from_cache
         self._fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(jit.address(name))
+        self._table = ctypes.c_void_p * max(1, n_slots)
 
     def run(self, buffers) -> None:
         """Run every call; ``buffers`` are the slots' base addresses (ints). Thread-safe when concurrent
         calls pass disjoint writable buffers (the slot table is built per call)."""
         if len(buffers) != self.n_slots:
             raise ShapeError(f"program '{self.name}' takes {self.n_slots} buffers, got {len(buffers)}")
-        table = (ctypes.c_void_p * max(1, self.n_slots))(*buffers)
+        table = self._table(*buffers)
         status = self._fn(ctypes.addressof(table))
         if status != 0:
             raise status_error(f"program '{self.name}'", status)

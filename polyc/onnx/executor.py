@@ -84,18 +84,25 @@ class ArenaPool:
 
     @contextmanager
     def lease(self):
-        with self._lock:
-            workspace = self._idle.pop() if self._idle else None
-            if workspace is None:
-                self.created += 1
-        if workspace is None:
-            workspace = self._make()
+        workspace = self.acquire()
         try:
             yield workspace
         finally:
-            with self._lock:
-                if len(self._idle) < self._keep:
-                    self._idle.append(workspace)
+            self.release(workspace)
+
+    def acquire(self):
+        """A workspace for one run (give it back with :meth:`release`; :meth:`lease` does both)."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            self.created += 1
+        return self._make()
+
+    def release(self, workspace) -> None:
+        """Return a workspace taken with :meth:`acquire` to the pool."""
+        with self._lock:
+            if len(self._idle) < self._keep:
+                self._idle.append(workspace)
 
 
 def new_arena(plan: MemoryPlan) -> np.ndarray:

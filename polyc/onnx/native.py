@@ -12,6 +12,8 @@ Buffer slots: 0 is the arena, then one per graph input (in order), then one per 
 """
 from __future__ import annotations
 
+import functools
+
 import time
 
 import numpy as np
@@ -99,22 +101,41 @@ class NativeExecutor:
         ``profile`` (per-kernel seconds) is not available natively: the whole run is recorded under
         ``"native"``.
         """
-        with self.arenas.lease() as arena:
+        arena = self.arenas.acquire()
+        try:
             buffers = [arena.ctypes.data] + [feeds[n].ctypes.data for n in self.program.inputs] + \
-                [self.constants[n].ctypes.data for n in self.constant_names]
+                self._constant_pointers
             t = time.perf_counter()
             self.native.run(buffers)
             if profile is not None:
                 profile["native"] = profile.get("native", 0.0) + time.perf_counter() - t
-            return [np.array(self._view(name, feeds, arena), copy=True) for name in self.program.outputs]
+            return [self._output(k, feeds, arena) for k in range(len(self.program.outputs))]
+        finally:
+            self.arenas.release(arena)
 
-    def _view(self, name: str, feeds: dict, arena: np.ndarray) -> np.ndarray:
-        info = self.program.tensors[name]
-        slot, offset = self._where(name)
-        dtype = np.dtype(info.dtype)
-        count = int(np.prod(info.shape, dtype=np.int64))
+    @functools.cached_property
+    def _constant_pointers(self) -> list:
+        """The constants' base addresses (they live as long as the executor)."""
+        return [self.constants[n].ctypes.data for n in self.constant_names]
+
+    @functools.cached_property
+    def _output_places(self) -> list:
+        """Per output: ``(slot, byte offset, dtype, shape, bytes, root tensor)``, worked out once."""
+        places = []
+        for name in self.program.outputs:
+            info = self.program.tensors[name]
+            slot, offset = self._where(name)
+            dtype = np.dtype(info.dtype)
+            count = int(np.prod(info.shape, dtype=np.int64))
+            places.append((slot, offset, dtype, tuple(info.shape), count * dtype.itemsize,
+                           self.program.plan.root(name)))
+        return places
+
+    def _output(self, k: int, feeds: dict, arena: np.ndarray) -> np.ndarray:
+        """A copy of output ``k`` (from the arena, or the feed or constant it aliases)."""
+        slot, offset, dtype, shape, nbytes, root = self._output_places[k]
         if slot == 0:
-            return arena[offset:offset + count * dtype.itemsize].view(dtype).reshape(info.shape)
-        root = self.program.plan.root(name)
-        base = feeds[root] if root in feeds else self.constants[root]
-        return base.reshape(info.shape)
+            view = arena[offset:offset + nbytes].view(dtype).reshape(shape)
+        else:
+            view = (feeds[root] if root in feeds else self.constants[root]).reshape(shape)
+        return np.array(view, copy=True)
