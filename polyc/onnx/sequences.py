@@ -182,6 +182,32 @@ def _info(g: nx.DiGraph, name: str):
     return info if info is not None and info.shape is not None and info.dtype is not None else None
 
 
+def _known(g: nx.DiGraph, nid: str, names) -> list:
+    """The static infos of tensors ``names`` read (through sequences) by node ``nid``, None where unknown.
+
+    Tensors computed from a sequence element had no shape when the model was loaded (onnx cannot tell which
+    element a SequenceAt picks); once the nodes above them are tensor ops, shape inference on those nodes
+    alone (without the sequence ops still below) gives their shapes."""
+    if all(_info(g, t) is not None for t in names):
+        return [_info(g, t) for t in names]
+    from .passes import refresh_shapes  # passes imports this module
+
+    above = set()
+    for t in names:
+        p = g.graph["producer"].get(t)
+        if p is not None and p != nid:
+            above |= {p} | nx.ancestors(g, p)
+    sub = copy_graph(g)
+    sub.remove_nodes_from([n for n in g.nodes if n not in above])
+    sub.graph["outputs"] = []
+    connect(sub)
+    tensors = refresh_shapes(sub).graph["tensors"]
+    for name, info in tensors.items():
+        if info is not None and info.shape is not None and _info(g, name) is None:
+            g.graph["tensors"][name] = info
+    return [_info(g, t) for t in names]
+
+
 def _seq(nid: str, d: dict, values: dict, k: int = 0) -> Seq:
     """Input ``k`` of node ``nid`` as a sequence (an optional holding one counts)."""
     name = d["inputs"][k] if k < len(d["inputs"]) else ""
@@ -261,7 +287,7 @@ def sequence_insert(g, nid, d, values, const) -> None:
     if tensor in values:
         raise UnsupportedError(f"node {nid} (SequenceInsert): the inserted value must be a tensor")
     if elems:
-        first, new = _info(g, elems[0]), _info(g, tensor)
+        first, new = _known(g, nid, [elems[0], tensor])
         if first is not None and new is not None and first.dtype != new.dtype:
             raise ShapeError(f"node {nid} (SequenceInsert): inserts a {new.dtype.name} tensor into a sequence of "
                              f"{first.dtype.name}")
@@ -311,7 +337,7 @@ def concat_from_sequence(g, nid, d, values, const) -> None:
     if not elems:
         raise UnsupportedError(f"node {nid} (ConcatFromSequence): concatenates an empty sequence (its result has "
                                "no defined shape)")
-    infos = [_info(g, t) for t in elems]
+    infos = _known(g, nid, elems)
     if any(i is None for i in infos):
         raise ShapeError(f"node {nid} (ConcatFromSequence): an element has no static shape",
                          hint="pin dynamic input dims with input_shapes=")
@@ -320,7 +346,9 @@ def concat_from_sequence(g, nid, d, values, const) -> None:
         raise ShapeError(f"node {nid} (ConcatFromSequence): the elements have different ranks or dtypes "
                          f"({', '.join(str(i) for i in infos)})")
     new_axis = int(d["attrs"].get("new_axis", 0))
-    axis = int(d["attrs"].get("axis"))
+    if "axis" not in d["attrs"]:
+        raise ShapeError(f"node {nid} (ConcatFromSequence): the axis attribute is required")
+    axis = int(d["attrs"]["axis"])
     out_rank = rank + (1 if new_axis else 0)
     if not -out_rank <= axis < out_rank or (not new_axis and rank == 0):
         raise ShapeError(f"node {nid} (ConcatFromSequence): axis {axis} is out of range for elements of rank "
@@ -347,7 +375,7 @@ def split_to_sequence(g, nid, d, values, const) -> None:
     known length (1-D ``split`` of static size) whose elements cannot be read.
     """
     x = d["inputs"][0]
-    info = _info(g, x)
+    info = _known(g, nid, [x])[0]
     split = d["inputs"][1] if len(d["inputs"]) > 1 else ""
     keepdims = int(d["attrs"].get("keepdims", 1))
     if info is None:
