@@ -300,17 +300,49 @@ def test_error_concat_empty_sequence():
     _raises(model, UnsupportedError, "node cat", "empty sequence")
 
 
-def test_error_loop_carries_sequence():
-    """A Loop whose loop-carried value is a sequence: a clean UnsupportedError, never a foreign exception."""
+def _list_loop(trip):
+    """A Loop that appends ``x * x + i`` to a sequence each iteration (a list built in a Python loop) and
+    also scans it; the sequence is then stacked and counted."""
     body = helper.make_graph(
         [helper.make_node("Identity", ["c"], ["c_out"]),
-         helper.make_node("SequenceInsert", ["s_in", "x"], ["s_out"])],
+         helper.make_node("Mul", ["x", "x"], ["sq"]),
+         helper.make_node("Cast", ["i"], ["fi"], to=F),
+         helper.make_node("Add", ["sq", "fi"], ["v"]),
+         helper.make_node("SequenceInsert", ["s_in", "v"], ["s_out"]),
+         helper.make_node("Identity", ["v"], ["scan"])],
         "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
                  helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_value_info("s_in", SEQ_F)],
-        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_value_info("s_out", SEQ_F)])
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_value_info("s_out", SEQ_F),
+         helper.make_tensor_value_info("scan", F, [2])])
     nodes = [helper.make_node("SequenceEmpty", [], ["s0"]),
-             helper.make_node("Loop", ["m", "", "s0"], ["s"], body=body, name="loop"),
+             helper.make_node("Loop", ["m", "", "s0"], ["s", "st"], body=body, name="loop"),
+             helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0, new_axis=1),
+             helper.make_node("SequenceLength", ["s"], ["n"])]
+    if isinstance(trip, int):
+        return _model(nodes, [("x", F, [2])], [("y", F, None), ("st", F, None), ("n", TensorProto.INT64, [])],
+                      inits=[_i64("m", trip)])
+    return _model(nodes, [("x", F, [2]), ("m", TensorProto.INT64, [])],
+                  [("y", F, None), ("st", F, None), ("n", TensorProto.INT64, [])])
+
+
+@pytest.mark.parametrize("trip", [1, 3])
+def test_loop_builds_sequence(trip):
+    """A sequence as a loop-carried value of an unrolled Loop (polyc.onnx.control inlines the body)."""
+    _check(_list_loop(trip), {"x": _rand(2)})
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_returns_sequence(cond):
+    seq_out = helper.make_value_info("out", SEQ_F)
+    then = helper.make_graph([helper.make_node("SequenceConstruct", ["a", "b"], ["out"])], "then", [], [seq_out])
+    other = helper.make_graph([helper.make_node("SequenceConstruct", ["b"], ["out"])], "else", [], [seq_out])
+    nodes = [helper.make_node("If", ["c"], ["s"], then_branch=then, else_branch=other),
              helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0)]
-    model = _model(nodes, [("x", F, [2])], [("y", F, None)], inits=[_i64("m", 3)])
-    err = _raises(model, PolycError, "loop")
-    assert isinstance(err, UnsupportedError)
+    model = _model(nodes, [("a", F, [2]), ("b", F, [2])], [("y", F, None)],
+                   inits=[helper.make_tensor("c", TensorProto.BOOL, [], [cond])])
+    _check(model, {"a": _rand(2), "b": _rand(2, seed=1)})
+
+
+def test_error_loop_runtime_trip_count_with_sequence():
+    """A Loop carrying a sequence for a trip count known only at run time: a clean UnsupportedError."""
+    _raises(_list_loop(None), UnsupportedError, "node loop", "trip count")
