@@ -346,3 +346,40 @@ def test_if_returns_sequence(cond):
 def test_error_loop_runtime_trip_count_with_sequence():
     """A Loop carrying a sequence for a trip count known only at run time: a clean UnsupportedError."""
     _raises(_list_loop(None), UnsupportedError, "node loop", "trip count")
+
+
+@pytest.mark.parametrize("shape,chunk", [((3, 7), 2), ((1, 5), 5), ((2, 3), 1)])
+def test_scripted_split_loop_cat(shape, chunk):
+    """torch.jit.script of ``for p in x.split(k, 1): out.append(relu(p) + 1); cat(out, 1)`` as torch exports
+    it: a Loop whose trip count is the SequenceLength of a SplitToSequence, reading it with SequenceAt."""
+    body = helper.make_graph(
+        [helper.make_node("SequenceAt", ["pieces", "i"], ["p"]),
+         helper.make_node("Relu", ["p"], ["r"]),
+         helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", F, [], [1.0])),
+         helper.make_node("Add", ["r", "one"], ["v"]),
+         helper.make_node("SequenceInsert", ["acc", "v"], ["acc_out"]),
+         helper.make_node("Identity", ["c"], ["c_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_value_info("acc", SEQ_F)],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_value_info("acc_out", SEQ_F)])
+    nodes = [helper.make_node("SequenceEmpty", [], ["empty"], dtype=F),
+             helper.make_node("SplitToSequence", ["x", "k"], ["pieces"], axis=1),
+             helper.make_node("SequenceLength", ["pieces"], ["n"]),
+             helper.make_node("Loop", ["n", "true", "empty"], ["out"], body=body),
+             helper.make_node("ConcatFromSequence", ["out"], ["y"], axis=1)]
+    model = _model(nodes, [("x", F, list(shape))], [("y", F, None)],
+                   inits=[_i64("k", chunk), helper.make_tensor("true", TensorProto.BOOL, [], [True])])
+    _check(model, {"x": _rand(*shape)})
+
+
+def test_if_on_optional_has_element():
+    """An If whose condition is OptionalHasElement of an empty optional: the condition folds first."""
+    seq_out = helper.make_value_info("out", SEQ_F)
+    then = helper.make_graph([helper.make_node("SequenceConstruct", ["a"], ["out"])], "then", [], [seq_out])
+    other = helper.make_graph([helper.make_node("SequenceConstruct", ["a", "a"], ["out"])], "else", [], [seq_out])
+    nodes = [helper.make_node("Optional", [], ["e"], type=SEQ_F),
+             helper.make_node("OptionalHasElement", ["e"], ["has"]),
+             helper.make_node("If", ["has"], ["s"], then_branch=then, else_branch=other),
+             helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0)]
+    model = _model(nodes, [("a", F, [3])], [("y", F, None)], opset=18)
+    _check(model, {"a": _rand(3)})

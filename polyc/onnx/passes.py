@@ -610,8 +610,7 @@ def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
     ``space_to_depth=False`` keeps strided convolutions as they are (see
     :func:`strided_conv_to_space_to_depth`).
     """
-    g = lower_control_flow(g)
-    g = lower_sequences(g)
+    g = lower_control_flow(lower_sequences(g))
     g = remove_identities(g)
     g = fold_constants(g)
     g = eliminate_common_subexpressions(g)

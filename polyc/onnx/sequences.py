@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 import numpy as np
+import onnx
 
 from ..errors import ShapeError, UnsupportedError
 from .graph import TensorInfo, connect, copy_graph, remove_op, set_constant, topo_order
@@ -85,8 +86,7 @@ def lower_sequences(g: nx.DiGraph) -> nx.DiGraph:
     has no tensor rewrite) or ShapeError (a position out of range, a split that does not fit), each naming
     the node.
     """
-    ops = SEQUENCE_OPS + OPTIONAL_OPS
-    if not any(d["op"] in ops for _, d in g.nodes(data=True)):
+    if not any(_uses_sequences(d) for _, d in g.nodes(data=True)):
         return g
     from .control import CONTROL, _constant_value, lower_control_flow  # control imports passes lazily
 
@@ -95,9 +95,13 @@ def lower_sequences(g: nx.DiGraph) -> nx.DiGraph:
     memo: dict = {}
     done: set = set()
     while True:
-        nid = next((n for n in topo_order(g) if n not in done and _is_sequence_node(g, n, values)), None)
+        nid = next((n for n in topo_order(g) if n not in done and (
+            g.nodes[n]["op"] in CONTROL or _is_sequence_node(g, n, values))), None)
         if nid is None:
             break
+        if g.nodes[nid]["op"] in CONTROL:  # its trip count or condition may come from a sequence op above
+            g = _unroll_one(g, nid, CONTROL, lower_control_flow)
+            continue
         d = g.nodes[nid]
         unknown = sorted(set(d["attrs"]) - KNOWN_ATTRS.get(d["op"], set()))
         if unknown:
@@ -123,9 +127,39 @@ def lower_sequences(g: nx.DiGraph) -> nx.DiGraph:
     for name in values:
         if g.graph["tensors"].get(name, TensorInfo(None, None)).dtype is None:
             g.graph["tensors"].pop(name, None)
-    if any(d["op"] in CONTROL for _, d in g.nodes(data=True)):  # from a SequenceMap body
-        g = lower_control_flow(g)
     return g
+
+
+def _uses_sequences(d: dict) -> bool:
+    """Whether node data ``d`` is a sequence or optional op, or has a subgraph (If/Loop/Scan body) using one."""
+    if d["op"] in SEQUENCE_OPS + OPTIONAL_OPS:
+        return True
+    stack = [v for v in d["attrs"].values() if isinstance(v, onnx.GraphProto)]
+    while stack:
+        body = stack.pop()
+        for node in body.node:
+            if node.op_type in SEQUENCE_OPS + OPTIONAL_OPS:
+                return True
+            stack.extend(a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH)
+    return False
+
+
+def _unroll_one(g: nx.DiGraph, nid: str, control: tuple, lower_control_flow) -> nx.DiGraph:
+    """``g`` with control node ``nid`` inlined or unrolled by :func:`polyc.onnx.control.lower_control_flow`,
+    the other control nodes left for later (hidden from it under a private domain meanwhile): their trip
+    counts and conditions may be sequence lengths not resolved yet."""
+    hidden = {n: (d["op"], d.get("domain", "")) for n, d in g.nodes(data=True) if d["op"] in control and n != nid}
+    for n in hidden:
+        g.nodes[n]["op"], g.nodes[n]["domain"] = "Later", "polyc.sequences"
+    try:
+        h = lower_control_flow(g)
+    finally:
+        for n, (op, domain) in hidden.items():
+            g.nodes[n]["op"], g.nodes[n]["domain"] = op, domain
+    for n, (op, domain) in hidden.items():
+        if n in h:
+            h.nodes[n]["op"], h.nodes[n]["domain"] = op, domain
+    return h
 
 
 def _kind(v) -> str:
