@@ -15,6 +15,11 @@ value as "empty" or the value it holds, and rewrites the ops on them into standa
 - ``Identity`` of a sequence or optional, ``Optional``, ``OptionalHasElement`` (a bool constant) and
   ``OptionalGetElement`` (an ``Identity``, or the sequence it holds).
 
+Control flow: the pass unrolls ``If`` / ``Loop`` / ``Scan`` (and the recurrent ops) itself, one node at a
+time in topological order, with :func:`polyc.onnx.control.lower_control_flow`: a Loop's trip count is often
+the ``SequenceLength`` of a sequence above it (torch's export of ``for p in x.split(k): out.append(...)``),
+and its body appends to a loop-carried sequence, which the unrolled copies resolve like any other.
+
 Positions must be compile-time constants (folded from Constant nodes and shape computations where they are
 computed); negative positions count from the end as the spec says. A sequence whose length or elements
 depend on data (``SplitToSequence`` with a ``split`` known only at run time; its length alone is still
