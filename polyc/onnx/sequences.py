@@ -476,7 +476,7 @@ def split_to_sequence(g, nid, d, values, const) -> None:
 def sequence_map(g, nid, d, values, const) -> None:
     """SequenceMap (ONNX spec, opset 17): ``body`` applied to the i-th element of every sequence input
     (tensor inputs passed whole) for each position i; each body output makes one output sequence."""
-    from .control import _inline
+    from .control import _inline, _refresh_shapes
     from .ops.rnn import Emitter
 
     body = d["attrs"]["body"]
@@ -505,7 +505,6 @@ def sequence_map(g, nid, d, values, const) -> None:
         if out:
             values[out] = Seq(length, tuple(elems))
     connect(g)
-    from .control import _refresh_shapes
     _refresh_shapes(g)
 
 
