@@ -1,8 +1,9 @@
 """onnx's backend test suite driven through ``polyc.onnx.backend``, on the node tests of the supported ops.
 
 The node cases come from ``onnx.backend.test.loader`` in memory (the wheel lacks the data directory). A case
-is included when every op of its model is one polyc supports (``polyc.onnx.ops.CONVERTERS`` and the alias
-ops); the count of passes is quoted in the README. Run ``pytest tests/test_onnx_backend.py -q`` to count.
+is included when every op of its model is one polyc supports (``polyc.onnx.ops.CONVERTERS``, the alias
+ops and the sequence ops resolved by ``polyc.onnx.sequences``); the count of passes is quoted in the README.
+Run ``pytest tests/test_onnx_backend.py -q`` to count.
 """
 import re
 import warnings
@@ -13,8 +14,10 @@ from onnx.backend.test.loader import load_model_tests
 
 import polyc.onnx.backend
 from polyc.onnx.ops import CONVERTERS
+from polyc.onnx.sequences import OPTIONAL_OPS, SEQUENCE_OPS
 
-SUPPORTED = set(CONVERTERS) | {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"}
+SUPPORTED = set(CONVERTERS) | {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"} \
+    | set(SEQUENCE_OPS) | set(OPTIONAL_OPS)
 
 
 def supported_node_tests():

@@ -331,7 +331,8 @@ def test_scan_opset8_batched():
                    "x": rng.standard_normal((3, 4, 2)).astype(np.float32)})
 
 
-def test_sequence_typed_branch_is_unsupported():
+def test_sequence_typed_branch_is_resolved():
+    """A branch returning a sequence: inlined here, resolved into tensors by polyc.onnx.sequences."""
     then_b = _branch("then", [helper.make_node("SequenceConstruct", ["x"], ["sq"])],
                      [helper.make_tensor_sequence_value_info("sq", TensorProto.FLOAT, [2])])
     else_b = _branch("else", [helper.make_node("SequenceConstruct", ["x"], ["sq2"])],
@@ -341,8 +342,8 @@ def test_sequence_typed_branch_is_unsupported():
     model = _model(nodes, [_vi("x", [2])], [_vi("y", [2])],
                    [numpy_helper.from_array(np.array(True), "c"),
                     numpy_helper.from_array(np.array(0, np.int64), "zero")])
-    with pytest.raises(UnsupportedError, match=r"seqif"):
-        polyc.onnx.compile(model)
+    x = np.arange(2, dtype=np.float32)
+    np.testing.assert_array_equal(polyc.onnx.compile(model)({"x": x})[0], x)
 
 
 def test_stacked_bidirectional_lstms_as_exported_by_frameworks():

@@ -139,7 +139,7 @@ def _inline(g: nx.DiGraph, e: Emitter, owner: str, body: onnx.GraphProto, bound:
     if len(body.sparse_initializer):
         raise UnsupportedError(f"a subgraph of node {owner} has sparse initializers")
     for vi in list(body.input) + list(body.output):
-        if vi.type.WhichOneof("value") not in (None, "tensor_type"):
+        if vi.type.WhichOneof("value") not in (None, "tensor_type", "sequence_type", "optional_type"):
             raise UnsupportedError(f"{vi.name!r} of a subgraph of node {owner} has type "
                                    f"{vi.type.WhichOneof('value').replace('_type', '')}: only tensors are supported")
     mapping = dict(bound)

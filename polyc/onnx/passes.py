@@ -21,6 +21,7 @@ from .control import lower_control_flow
 from .graph import (TensorInfo, export_attr, add_op, connect, consumers, copy_graph, fresh_name, producer,
                     remove_op, replace_uses, set_constant, to_model, topo_order)
 from .load import infer_shapes
+from .sequences import lower_sequences
 from .validate import WINDOW_OPS, too_large
 
 #: Ops never folded: their value is not a function of their inputs.
@@ -609,7 +610,7 @@ def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
     ``space_to_depth=False`` keeps strided convolutions as they are (see
     :func:`strided_conv_to_space_to_depth`).
     """
-    g = lower_control_flow(g)
+    g = lower_control_flow(lower_sequences(g))
     g = remove_identities(g)
     g = fold_constants(g)
     g = eliminate_common_subexpressions(g)
