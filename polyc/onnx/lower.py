@@ -448,6 +448,7 @@ def check_supported(g: nx.DiGraph) -> None:
             key = re.sub(rf" (on|of) node {re.escape(nid)}\b", "", text)
             key = re.sub(r" \('[^']*'\)", "", key)  # an input's tensor name differs from node to node
             problems.append((key, f"node {nid}", text))
+    made_by = {t: f" (output of node {nid}, {d['op']})" for nid, d in g.nodes(data=True) for t in d["outputs"] if t}
     for name in g.graph["inputs"] + [t for _, d in g.nodes(data=True) for t in d["outputs"] if t]:
         info = g.graph["tensors"].get(name)
         if info is None or info.dtype is None:
@@ -456,8 +457,9 @@ def check_supported(g: nx.DiGraph) -> None:
             tc_type(info.dtype)
         except UnsupportedError:
             kind = "string" if np.dtype(info.dtype).kind in "OUS" else np.dtype(info.dtype).name
-            problems.append((f"unsupported dtype {kind}", f"tensor {name!r}",
-                             f"tensor {name!r} has dtype {kind}, which polyc does not support"))
+            problems.append((f"unsupported dtype {kind}", f"tensor {name!r}{made_by.get(name, '')}",
+                             f"tensor {name!r}{made_by.get(name, '')} has dtype {kind}, which polyc does not "
+                             "support"))
     if problems:
         lines = _grouped(problems)
         ops = supported_ops(opset)
