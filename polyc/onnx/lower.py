@@ -448,7 +448,11 @@ def check_supported(g: nx.DiGraph) -> None:
             key = re.sub(rf" (on|of) node {re.escape(nid)}\b", "", text)
             key = re.sub(r" \('[^']*'\)", "", key)  # an input's tensor name differs from node to node
             problems.append((key, f"node {nid}", text))
-    made_by = {t: f" (output of node {nid}, {d['op']})" for nid, d in g.nodes(data=True) for t in d["outputs"] if t}
+    made_by = {}  # tensor -> the node that makes it, or for a graph input the first node that reads it
+    for nid, d in sorted(g.nodes(data=True), key=lambda x: -x[1]["order"]):
+        made_by.update({t: f" (input of node {nid}, {d['op']})" for t in d["inputs"] if t})
+    for nid, d in g.nodes(data=True):
+        made_by.update({t: f" (output of node {nid}, {d['op']})" for t in d["outputs"] if t})
     for name in g.graph["inputs"] + [t for _, d in g.nodes(data=True) for t in d["outputs"] if t]:
         info = g.graph["tensors"].get(name)
         if info is None or info.dtype is None:
