@@ -243,3 +243,25 @@ def test_bad_scale_shape_is_a_clean_error():
     model = testing.one_node_model(node, {"x": x}, {"s": np.ones(3, np.float32)}, opset=13)
     with pytest.raises(polyc.PolycError, match="qbad"):
         polyc.onnx.compile(model)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"precision": TensorProto.FLOAT}])
+def test_quantize_float16_input(attrs):
+    x = ties((3, 7), 0.3, -40, 40).astype(np.float16)
+    _check("QuantizeLinear", 25 if attrs else 21, attrs, {"x": x},
+           {"s": np.array(0.3, np.float16), "z": np.array(-2, np.int8)}, ref="reference")
+
+
+@pytest.mark.parametrize("opset", [23, 25])
+def test_quantize_dequantize_new_opsets(opset):
+    x = ties((2, 5, 3), 0.5, -70, 70)
+    s = np.array([0.5, 1.0, 0.25, 2.0, 0.5], np.float32)
+    _check("QuantizeLinear", opset, {"axis": 1}, {"x": x}, {"s": s, "z": np.arange(5).astype(np.int8)},
+           ref="reference")
+    q = _ints(np.uint8, (2, 5, 3))
+    _check("DequantizeLinear", opset, {"axis": 1}, {"x": q}, {"s": s, "z": np.arange(5).astype(np.uint8)},
+           ref="reference")
+
+
+def test_dynamic_quantize_zeros():
+    _check("DynamicQuantizeLinear", 11, {}, {"x": np.zeros((2, 3), np.float32)}, {}, n_out=3)

@@ -87,7 +87,8 @@ def quantize_linear(b: Builder, node):
 
     x float32/float16/bfloat16 of any shape; y_scale and y_zero_point per tensor, per ``axis`` or blocked by
     ``block_size``; the output type is the zero point's, else ``output_dtype``, else uint8. The quotient is
-    computed in float32 (rounded to float16 first for a float16 input, as the spec's arithmetic in x's type).
+    computed in float32 (rounded to float16/bfloat16 first for such an input, as the spec computes in x's type,
+    unless ``precision`` is float32).
     Raises UnsupportedError (naming the node) for float8/4-bit outputs and scale shapes that do not fit x.
     """
     x, scale, zp = b.input(node, 0), b.input(node, 1), b.input(node, 2)
@@ -95,12 +96,13 @@ def quantize_linear(b: Builder, node):
     axis, block = _axis_block(b, node, len(x.shape))
     s = _param(b, scale, x.shape, axis, block, "y_scale")
     z = _param(b, zp, x.shape, axis, block, "y_zero_point")
-    half = np.dtype(b.tensors[node["inputs"][0]].dtype).name == "float16"
+    storage = np.dtype(b.tensors[node["inputs"][0]].dtype).name
+    storage = storage if storage in ("float16", "bfloat16") and attr(node, "precision", 0) != 1 else None
 
     def text(idx):
         q = f"{x.at(idx)} / {s(idx)}"
-        if half:
-            q = f"float(half({q}))"
+        if storage:
+            q = f"float({tc_type(storage)}({q}))"
         return saturated(q, out, z(idx) if z else None)
     return [lazy(x.shape, np.dtype(out), text)]
 
@@ -125,14 +127,15 @@ def dequantize_linear(b: Builder, node):
 def dynamic_quantize_linear(b: Builder, node):
     """DynamicQuantizeLinear (opset 11): uint8 ``y`` with ``y_scale = (max(0, max x) - min(0, min x)) / 255``
     and ``y_zero_point = rint(clamp(-min(0, min x) / y_scale, 0, 255))``; x float32 of any shape, the scale a
-    float32 scalar, the zero point a uint8 scalar (a constant x gives scale 1/255 as onnx's reference)."""
+    float32 scalar, the zero point a uint8 scalar (an all-zero x gives scale 1 and y 0, as onnxruntime; onnx's
+    reference gives 1/255 and the spec's formula divides by 0)."""
     x = b.simple(b.input(node, 0))
     t = x.dtype
     axes = range(len(x.shape))
     mx, _ = reduce(b, x.shape, axes, "max=!", t, lambda idx: x.at(idx))
     mn, _ = reduce(b, x.shape, axes, "min=!", t, lambda idx: x.at(idx))
     hi, lo = f"fmax({mx.at([])}, 0.0)", f"fmin({mn.at([])}, 0.0)"
-    scale = b.emit((), t, lambda idx, red: f"(({hi} == {lo}) ? 1.0 : ({hi} - {lo})) / 255.0")
+    scale = b.emit((), t, lambda idx, red: f"({hi} == {lo}) ? 1.0 : ({hi} - {lo}) / 255.0")
     zp = b.emit((), np.dtype(np.uint8), lambda idx, red: saturated(
         f"fmin(fmax(0.0 - {lo} / {scale.at([])}, 0.0), 255.0)", "uint8"))
     y = lazy(x.shape, np.dtype(np.uint8), lambda idx: saturated(f"{x.at(idx)} / {scale.at([])}", "uint8",
