@@ -308,3 +308,19 @@ def test_qdq_conv_model():
     assert got.dtype == np.uint8 and got.shape == want.shape
     diff = np.abs(got.astype(np.int32) - want.astype(np.int32))
     assert diff.max() <= 1 and (diff == 0).mean() > 0.99
+
+
+@pytest.mark.parametrize("op,attrs,inputs,consts", [
+    ("QuantizeLinear", {"axis": 1, "block_size": 2}, {"x": np.zeros((3, 7), np.float32)},
+     {"s": np.ones((3, 3), np.float32)}),
+    ("DequantizeLinear", {"axis": 0}, {"x": np.zeros((3, 5), np.int8)}, {"s": np.ones((3, 1), np.float32)}),
+    ("MatMulInteger", {}, {"a": np.zeros((3, 7), np.uint8), "b": np.zeros((7, 5), np.uint8)},
+     {"za": np.array([1, 2], np.uint8)}),
+    ("ConvInteger", {}, {"x": np.zeros((1, 2, 5, 5), np.uint8), "w": np.zeros((3, 2, 3, 3), np.uint8)},
+     {"zx": np.array([3, 4], np.uint8)}),
+])
+def test_parameter_shapes_that_fit_nothing(op, attrs, inputs, consts):
+    node = helper.make_node(op, list(inputs) + list(consts), ["y"], name="bad", **attrs)
+    model = testing.one_node_model(node, inputs, consts, opset=21 if "block_size" in attrs else 13)
+    with pytest.raises(polyc.errors.ShapeError, match="node bad"):
+        polyc.onnx.compile(model)

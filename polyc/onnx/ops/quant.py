@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..lower import Builder, broadcast_index, lazy, lit, tc_type
+from ...errors import ShapeError
+from ..lower import Builder, lazy, lit, tc_type
 from .common import attr, guard, norm_axis, pads_begin, reduce, reduction_dims, spatial_params, window
 from .core import _batch_index
 
@@ -37,9 +38,13 @@ def _qtype(b: Builder, dtype, what: str, allowed=("int8", "uint8", "int16", "uin
     return name
 
 
+def _shape_error(b: Builder, message: str) -> ShapeError:
+    return ShapeError(f"{message} on node {b.node_id} ({b.node_op}, opset {b.opset})")
+
+
 def _param(b: Builder, v, x_shape, axis: int, block: int, what: str):
     """``idx -> text`` reading scale or zero point ``v`` (per tensor, per axis or blocked) at element ``idx``
-    of a tensor of shape ``x_shape``; None when ``v`` is absent. Raises UnsupportedError on a bad shape."""
+    of a tensor of shape ``x_shape``; None when ``v`` is absent. Raises ShapeError on a shape that fits neither."""
     if v is None:
         return None
     size = int(np.prod(v.shape)) if v.shape else 1
@@ -47,17 +52,17 @@ def _param(b: Builder, v, x_shape, axis: int, block: int, what: str):
         zeros = ["0"] * len(v.shape)
         return lambda idx: v.at(zeros)
     if not 0 <= axis < len(x_shape):
-        raise b.error(f"axis {axis} is out of range for an input of rank {len(x_shape)}")
+        raise _shape_error(b, f"axis {axis} is out of range for an input of rank {len(x_shape)}")
     if block:
         if len(v.shape) != len(x_shape) or any(s != n for d, (s, n) in enumerate(zip(v.shape, x_shape))
                                                   if d != axis) \
                 or v.shape[axis] != -(-x_shape[axis] // block):
-            raise b.error(f"{what} of shape {list(v.shape)} does not block input shape {list(x_shape)} with "
-                          f"block_size {block} along axis {axis}")
+            raise _shape_error(b, f"{what} of shape {list(v.shape)} does not block input shape "
+                                  f"{list(x_shape)} with block_size {block} along axis {axis}")
         return lambda idx: v.at([f"{i}/{block}" if d == axis else i for d, i in enumerate(idx)])
     if len(v.shape) != 1 or v.shape[0] != x_shape[axis]:
-        raise b.error(f"{what} of shape {list(v.shape)} is neither per-tensor nor per-axis for input shape "
-                      f"{list(x_shape)} along axis {axis}")
+        raise _shape_error(b, f"{what} of shape {list(v.shape)} is neither per-tensor nor per-axis for input "
+                              f"shape {list(x_shape)} along axis {axis}")
     return lambda idx: v.at([idx[axis]])
 
 
@@ -156,7 +161,7 @@ def _zp_reader(b: Builder, v, extent: int, what: str):
         return lambda i: v.at(zeros)
     if v.shape[-1] == extent and size == extent:
         return lambda i: v.at(["0"] * (len(v.shape) - 1) + [i])
-    raise b.error(f"{what} of shape {list(v.shape)} is neither per-tensor nor of {extent} elements")
+    raise _shape_error(b, f"{what} of shape {list(v.shape)} is neither per-tensor nor of {extent} elements")
 
 
 def _int_matmul(b: Builder, node, a, m, za, zm):
