@@ -29,7 +29,9 @@ ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Pow",
                          "GreaterOrEqual", "IsNaN", "IsInf", "Mod", "BitShift", "BitwiseAnd", "BitwiseOr",
                          "BitwiseXor", "BitwiseNot", "HardSwish", "Celu", "Softsign", "ThresholdedRelu", "PRelu",
                          "Mish", "Shrink", "Sign", "Round", "CastLike", "Sin", "Cos", "Tan", "Asin", "Acos",
-                         "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"})
+                         "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
+                         # ops/quant.py
+                         "QuantizeLinear", "DequantizeLinear"})
 ALIASES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
 

@@ -451,6 +451,11 @@ def check_supported(g: nx.DiGraph) -> None:
             key = re.sub(rf" (on|of) node {re.escape(nid)}\b", "", text)
             key = re.sub(r" \('[^']*'\)", "", key)  # an input's tensor name differs from node to node
             problems.append((key, f"node {nid}", text))
+    made_by = {}  # tensor -> the node that makes it, or for a graph input the first node that reads it
+    for nid, d in sorted(g.nodes(data=True), key=lambda x: -x[1]["order"]):
+        made_by.update({t: f" (input of node {nid}, {d['op']})" for t in d["inputs"] if t})
+    for nid, d in g.nodes(data=True):
+        made_by.update({t: f" (output of node {nid}, {d['op']})" for t in d["outputs"] if t})
     for name in g.graph["inputs"] + [t for _, d in g.nodes(data=True) for t in d["outputs"] if t]:
         info = g.graph["tensors"].get(name)
         if info is None or info.dtype is None:
@@ -459,8 +464,9 @@ def check_supported(g: nx.DiGraph) -> None:
             tc_type(info.dtype)
         except UnsupportedError:
             kind = "string" if np.dtype(info.dtype).kind in "OUS" else np.dtype(info.dtype).name
-            problems.append((f"unsupported dtype {kind}", f"tensor {name!r}",
-                             f"tensor {name!r} has dtype {kind}, which polyc does not support"))
+            problems.append((f"unsupported dtype {kind}", f"tensor {name!r}{made_by.get(name, '')}",
+                             f"tensor {name!r}{made_by.get(name, '')} has dtype {kind}, which polyc does not "
+                             "support"))
     if problems:
         lines = _grouped(problems)
         ops = supported_ops(opset)

@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from . import attention, core, indexing, logic, loss, movement, norm, reduction, rnn, unary
+from . import attention, core, indexing, logic, loss, movement, norm, quant, reduction, rnn, unary
 
-FAMILIES = (core, movement, reduction, indexing, logic, unary, norm, attention, loss, rnn)
+FAMILIES = (core, movement, reduction, indexing, logic, unary, norm, attention, loss, rnn, quant)
 
 
 def _merge(table: str) -> dict:
