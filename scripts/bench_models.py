@@ -1,18 +1,30 @@
-"""Whole-model benchmark: polyc against onnxruntime on the onnx package's model-zoo "light" models.
+"""Whole-model benchmark: polyc against onnxruntime and OpenVINO on the model set of ``model_zoo.py``.
 
-For each model: compile time cold (an empty disk cache) and warm (a second compile from the cache), the
-latency of polyc and of onnxruntime with the same thread count (medians of ``--runs``, measured back to back
-in one process), and where polyc's time goes (the slowest kernels, timed through the Python-driven
-executor). Prints markdown tables.
+For each model (built at benchmark time with seeded random weights, ``scripts/model_zoo.py``) and each
+thread count: compile time cold (an empty disk cache) and warm (a second compile from that cache), the
+latency of polyc, onnxruntime and OpenVINO at the same thread count (medians of ``--runs``, the three run in
+turn in one process so that noise hits them alike), the ratio peer ms / polyc ms (above 1: polyc is faster),
+the geometric mean of the ratios, and where polyc's time goes: the slowest kernels with their GFLOP/s, GB/s
+and % of their roofline (``polyc.poly.cost``: the kernel's FLOPs over the measured FMA peak of the target,
+its compulsory bytes over the measured memory bandwidth, whichever bound is larger).
 
-    python scripts/bench_models.py                       # resnet50
-    python scripts/bench_models.py --models all --threads 1 --runs 10
+    python scripts/bench_models.py                                   # every model, 1 and 2 threads, host CPU
+    python scripts/bench_models.py --cpu znver3 --models resnet50    # polyc generates AVX2 code
+    python scripts/bench_models.py --threads 1 --runs 5 --models vit,bert_encoder --json out.json
 
-Needs onnxruntime (the ``bench`` extra). Timings on a shared machine are noisy: compare ratios of one run.
+``--cpu`` sets ``POLYC_CPU`` (polyc's target; see ``polyc.codegen.target``). The peers pick their own
+kernels from the CPU: onnxruntime has no switch, so on an AVX-512 machine an AVX2 row compares polyc's AVX2
+code with onnxruntime's AVX-512 code (a harder bar than on an AVX2 machine; the report says so). OpenVINO's
+CPU plugin honours ``ONEDNN_MAX_CPU_ISA``, which this script sets to ``AVX2`` for an AVX2 ``--cpu``.
+
+Needs the ``bench`` extra (onnxruntime, openvino). Timings on a shared machine are noisy: compare ratios of
+one run, and re-run when the load average (printed) is above a few tenths.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import statistics
 import sys
@@ -20,76 +32,222 @@ import tempfile
 import time
 
 import numpy as np
-import onnx
 
-import polyc
-import polyc.onnx as ponnx
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
 
-def median_seconds(run, runs: int) -> float:
-    run()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
+def _set_target(cpu: str | None) -> None:
+    """Point polyc (and OpenVINO's oneDNN) at ``cpu`` before anything reads the target."""
+    if cpu:
+        os.environ["POLYC_CPU"] = cpu
+        from polyc.codegen.target import AVX2_CPUS
+        if cpu in AVX2_CPUS:
+            os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+
+
+def timed_in_turn(runners: dict, runs: int) -> dict:
+    """``{name: median seconds}``: each runner is called once to warm up, then ``runs`` rounds call every
+    runner once in turn (so a burst of load hits all of them)."""
+    for run in runners.values():
         run()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    times = {name: [] for name in runners}
+    for _ in range(runs):
+        for name, run in runners.items():
+            t = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def bench_model(name: str, threads: int, runs: int, slowest: int) -> tuple[dict, list]:
+def ort_runner(model_bytes: bytes, threads: int):
     import onnxruntime
 
-    path = ponnx.light_model_path(name)
-    options = polyc.Options(threads=threads)
-    with tempfile.TemporaryDirectory() as cache:
+    so = onnxruntime.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+    return lambda feeds: session.run(None, feeds)
+
+
+def openvino_runner(path: str, threads: int):
+    """An OpenVINO CPU request at ``threads`` threads, fp32 inference precision (no bf16 down-conversion),
+    latency mode; None when openvino is not installed."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    core = ov.Core()
+    compiled = core.compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+                                                "INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": 1})
+    request = compiled.create_infer_request()
+    return lambda feeds: request.infer(feeds)
+
+
+def relative_error(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+class Machine:
+    """The measured roofs of the target: FMA peak (fp32, GFLOP/s) per thread count and memory bandwidth
+    (bytes/s, a numpy copy of 64 MiB: read + write)."""
+
+    def __init__(self, thread_counts):
+        from fma_peak import FmaPeak
+
+        fma = FmaPeak()
+        self.isa = fma.isa
+        self.peak = {t: g * 1e9 for t, g in fma.measure("float32", thread_counts, 5, 0.1).items()}
+        a = np.ones(16 << 20, np.float32)
+        b = np.empty_like(a)
+        best = min(_seconds(lambda: np.copyto(b, a)) for _ in range(7))
+        self.bandwidth = 2 * a.nbytes / best
+
+    def describe(self) -> str:
+        peaks = ", ".join(f"{p / 1e9:.0f} GFLOP/s at {t} thread{'s' if t > 1 else ''}"
+                          for t, p in sorted(self.peak.items()))
+        return f"{self.isa}; fp32 FMA peak {peaks}; memory bandwidth {self.bandwidth / 1e9:.1f} GB/s (copy)"
+
+
+def _seconds(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def where_time_goes(model, feeds, machine: Machine, threads: int, slowest: int) -> list[dict]:
+    """The ``slowest`` kernels of one inference (the Python-driven executor's per-kernel times) with their
+    roofline figures."""
+    from polyc.poly.cost import cost
+    from polyc.poly.build import build_scop
+
+    steps = {s.group: s for s in model.steps}
+    rows = []
+    for seconds, group, name in model.profile(feeds, repeat=3)[:slowest]:
+        step = steps[group]
+        c = cost(build_scop(step.kernel.checked, dict(step.sizes)))
+        bound = c.roofline_seconds(machine.peak[threads], machine.bandwidth)
+        rows.append(dict(group=group, kernel=name, ms=seconds * 1e3, gflops=c.flops / seconds / 1e9,
+                         gbs=c.bytes / seconds / 1e9, roofline=bound / seconds,
+                         bound="memory" if c.memory_bound(machine.peak[threads], machine.bandwidth) else "FMA"))
+    return rows
+
+
+def bench_model(name: str, thread_counts, runs: int, slowest: int, machine: Machine, tiny: bool = False) -> list[dict]:
+    import onnx
+
+    import model_zoo
+    import polyc
+    import polyc.onnx as ponnx
+
+    proto = model_zoo.build(name, tiny=tiny)
+    feeds = model_zoo.feeds(proto)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{name}.onnx")
+        onnx.save(proto, path)
+        data = proto.SerializeToString()
+        cache = os.path.join(tmp, "cache")
+        previous = os.environ.get("POLYC_CACHE_DIR")
         os.environ["POLYC_CACHE_DIR"] = cache
-        t = time.perf_counter()
-        model = ponnx.compile(path, options, progress=False)
-        cold = time.perf_counter() - t
-        t = time.perf_counter()
-        model = ponnx.compile(path, options, progress=False)
-        warm = time.perf_counter() - t
-    x = np.random.default_rng(0).standard_normal(model.input_shapes[0]).astype(model.input_dtypes[0])
-    feeds = {model.input_names[0]: x}
-    session_options = onnxruntime.SessionOptions()
-    session_options.intra_op_num_threads = threads
-    proto = onnx.load(path)
-    session = onnxruntime.InferenceSession(proto.SerializeToString(), session_options)
-    got = model.run(feeds)[0]
-    expected = session.run(None, feeds)[0]
-    error = float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30))
-    polyc_s = median_seconds(lambda: model.run(feeds), runs)
-    ort_s = median_seconds(lambda: session.run(None, feeds), runs)
-    row = dict(model=name, cold=cold, warm=warm, polyc=polyc_s, ort=ort_s, error=error,
-               arena=model.arena_bytes, kernels=len(model.compile_seconds))
-    return row, model.profile(feeds, repeat=2)[:slowest]
+        try:
+            for threads in thread_counts:
+                options = polyc.Options(threads=threads)
+                cold = _seconds(lambda: ponnx.compile(path, options, progress=False))
+                model = None
+
+                def load():
+                    nonlocal model
+                    model = ponnx.compile(path, options, progress=False)
+
+                warm = _seconds(load)
+                runners = {"polyc": lambda: model.run(feeds), "onnxruntime": None, "openvino": None}
+                ort = ort_runner(data, threads)
+                runners["onnxruntime"] = lambda: ort(feeds)
+                ov = openvino_runner(path, threads)
+                if ov is not None:
+                    runners["openvino"] = lambda: ov(feeds)
+                else:
+                    del runners["openvino"]
+                error = relative_error(model.run(feeds)[0], ort(feeds)[0])
+                medians = timed_in_turn(runners, runs)
+                rows.append(dict(model=name, threads=threads, cold=cold, warm=warm, kernels=len(model.compile_seconds),
+                                 arena=model.arena_bytes, error=error,
+                                 ms={k: v * 1e3 for k, v in medians.items()},
+                                 slowest=where_time_goes(model, feeds, machine, threads, slowest)))
+        finally:
+            if previous is None:
+                os.environ.pop("POLYC_CACHE_DIR", None)
+            else:
+                os.environ["POLYC_CACHE_DIR"] = previous
+    return rows
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def report(rows: list[dict], machine: Machine, cpu: str, runs: int) -> str:
+    peers = [p for p in ("onnxruntime", "openvino") if any(p in r["ms"] for r in rows)]
+    out = [f"target: {cpu or 'host'} ({machine.describe()}); latency: median of {runs} runs, "
+           f"polyc and peers in turn; load average {os.getloadavg()[0]:.2f}", ""]
+    head = "| model | threads | cold s | warm s | kernels | arena MiB | polyc ms | " + \
+        " | ".join(f"{p} ms | ratio {p}/polyc" for p in peers) + " | max rel. error |"
+    out += [head, "| --- | ---: " + "| ---: " * (5 + 2 * len(peers)) + "| ---: |"]
+    for r in rows:
+        cells = [r["model"], str(r["threads"]), f"{r['cold']:.1f}", f"{r['warm']:.2f}", str(r["kernels"]),
+                 f"{r['arena'] / 2**20:.1f}", f"{r['ms']['polyc']:.2f}"]
+        for p in peers:
+            ms = r["ms"].get(p)
+            cells += [f"{ms:.2f}", f"{ms / r['ms']['polyc']:.2f}"] if ms else ["—", "—"]
+        cells.append(f"{r['error']:.1e}")
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    for t in sorted({r["threads"] for r in rows}):
+        sel = [r for r in rows if r["threads"] == t]
+        parts = []
+        for p in peers:
+            ratios = [r["ms"][p] / r["ms"]["polyc"] for r in sel if p in r["ms"]]
+            worst = min(sel, key=lambda r: r["ms"].get(p, 1e9) / r["ms"]["polyc"])
+            parts.append(f"geometric mean of {p}/polyc {geomean(ratios):.2f} (lowest {min(ratios):.2f}, "
+                         f"{worst['model']})")
+        out.append(f"{t} thread{'s' if t > 1 else ''}: " + "; ".join(parts))
+    for r in rows:
+        out += ["", f"{r['model']}, {r['threads']} thread(s): slowest kernels", "",
+                "| ms | GFLOP/s | GB/s | % of roofline (bound) | group | kernel |",
+                "| ---: | ---: | ---: | ---: | --- | --- |"]
+        for k in r["slowest"]:
+            out.append(f"| {k['ms']:.3f} | {k['gflops']:.1f} | {k['gbs']:.1f} | {100 * k['roofline']:.0f}% "
+                       f"({k['bound']}) | {k['group']} | {k['kernel']} |")
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="resnet50", help="comma-separated light model names, or 'all'")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--slowest", type=int, default=8)
+    parser.add_argument("--models", default="all", help="comma-separated model_zoo names, or 'all'")
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--cpu", default=None, help="POLYC_CPU for polyc's code: znver3 (AVX2), znver5 (AVX-512)")
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--slowest", type=int, default=5)
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--tiny", action="store_true", help="the models' tiny variants (a smoke test)")
     args = parser.parse_args(argv)
-    names = ponnx.LIGHT_MODELS if args.models == "all" else tuple(args.models.split(","))
-    rows, profiles = [], {}
+    _set_target(args.cpu)
+    import model_zoo
+
+    names = model_zoo.NAMES if args.models == "all" else tuple(args.models.split(","))
+    thread_counts = [int(t) for t in args.threads.split(",")]
+    machine = Machine(thread_counts)
+    rows = []
     for name in names:
-        print(f"benchmarking {name} ...", file=sys.stderr)
-        row, profile = bench_model(name, args.threads, args.runs, args.slowest)
-        rows.append(row)
-        profiles[name] = profile
-    print(f"threads: {args.threads}; latency: median of {args.runs} runs after a warm-up\n")
-    print("| model | cold compile s | warm load s | distinct kernels | arena MiB | polyc ms | onnxruntime ms | "
-          "ratio (ort/polyc) | max rel. error |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        print(f"| {r['model']} | {r['cold']:.1f} | {r['warm']:.2f} | {r['kernels']} | {r['arena'] / 2**20:.2f} | "
-              f"{r['polyc'] * 1e3:.1f} | {r['ort'] * 1e3:.1f} | {r['ort'] / r['polyc']:.2f} | {r['error']:.1e} |")
-    for name, profile in profiles.items():
-        print(f"\n{name}: slowest kernels (Python-driven executor)\n\n| ms | group | kernel |\n| ---: | --- | --- |")
-        for seconds, group, kernel in profile:
-            print(f"| {seconds * 1e3:.2f} | {group} | {kernel} |")
+        print(f"benchmarking {name} ...", file=sys.stderr, flush=True)
+        rows += bench_model(name, thread_counts, args.runs, args.slowest, machine, args.tiny)
+    print(report(rows, machine, args.cpu, args.runs))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(cpu=args.cpu, machine=machine.describe(), rows=rows), f, indent=1)
     return 0
 
 

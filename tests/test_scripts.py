@@ -140,3 +140,19 @@ def test_bench_kernels_quick_gemm():
 def test_bench_kernels_rejects_unknown_section():
     result = run_script(SCRIPTS / "bench_kernels.py", "--quick", "--only", "gemm,nope")
     assert result.returncode == 2 and "nope" in result.stderr
+
+
+def test_bench_models_prints_ratios_and_where_time_goes():
+    result = run_script(SCRIPTS / "bench_models.py", "--models", "squeezenet,gpt_decoder", "--tiny", "--threads", "1",
+                        "--runs", "1", "--slowest", "2", timeout=600)
+    assert result.returncode == 0, result.stderr
+    header, rows = first_table(result.stdout)
+    assert header[:7] == ["model", "threads", "cold s", "warm s", "kernels", "arena MiB", "polyc ms"]
+    assert "ratio onnxruntime/polyc" in header
+    assert [r["model"] for r in rows] == ["squeezenet", "gpt_decoder"]
+    for r in rows:
+        assert number(r["polyc ms"]) > 0 and number(r["ratio onnxruntime/polyc"]) > 0
+        assert number(r["max rel. error"]) < 1e-4  # polyc's output matches onnxruntime's
+    assert "1 thread: geometric mean of onnxruntime/polyc" in result.stdout
+    assert result.stdout.count("slowest kernels") == 2
+    assert "% of roofline" in result.stdout
