@@ -111,7 +111,37 @@ def test_batchnorm_folds_into_conv():
              helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["y"], epsilon=1e-3)]
     model = make_model(nodes, [vi("x", [1, 3, 9, 9])], [vi("y", [1, 8, 9, 9])], inits)
     g = assert_same(model, {"x": RNG.standard_normal((1, 3, 9, 9)).astype(np.float32)}, rtol=1e-4, atol=1e-5)
-    assert ops_of(g) == ["Conv"]
+    assert ops_of(g) == ["Conv", "Pad"]  # the BatchNormalization folded; the padding is a node of its own
+
+
+@pytest.mark.parametrize("shape,kernel,attrs,opset", [
+    ((1, 3, 11), (3,), dict(pads=[1, 2]), 13),                                      # 1-D, uneven pads
+    ((1, 3, 9, 8), (3, 3), dict(pads=[1, 1, 1, 1]), 9),                             # pads as a Pad attribute
+    ((1, 3, 9, 8), (3, 2), dict(auto_pad="SAME_UPPER"), 13),
+    ((1, 3, 9, 8), (3, 3), dict(auto_pad="SAME_LOWER", strides=[1, 2]), 13),
+    ((1, 3, 9, 9), (3, 3), dict(pads=[2, 2, 2, 2], dilations=[2, 2]), 13),
+    ((1, 3, 9, 9), (3, 3), dict(pads=[2, 0, 3, 1], strides=[3, 1]), 13),          # windows stop short of the end
+    ((1, 2, 5, 6, 4), (3, 3, 3), dict(pads=[1, 1, 1, 1, 1, 1]), 13),               # 3-D
+])
+def test_padded_conv_reads_an_explicit_pad(shape, kernel, attrs, opset):
+    w = RNG.standard_normal((8, shape[1]) + kernel).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], **attrs)]
+    model = make_model(nodes, [vi("x", list(shape))], [vi("y", None)], [const("w", w)], opset=opset)
+    model = onnx.shape_inference.infer_shapes(model)
+    g = assert_same(model, {"x": RNG.standard_normal(shape).astype(np.float32)}, rtol=1e-4, atol=1e-5)
+    assert ops_of(g).count("Pad") == 1  # a strided conv also gets its space-to-depth movement ops
+    conv = next(d for _, d in g.nodes(data=True) if d["op"] == "Conv")
+    assert not any(conv["attrs"].get("pads", [])) and "auto_pad" not in conv["attrs"]
+
+
+def test_depthwise_and_unpadded_convs_keep_their_form():
+    dw = RNG.standard_normal((4, 1, 3, 3)).astype(np.float32)
+    w = RNG.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "dw"], ["d"], pads=[1, 1, 1, 1], group=4),  # 1 x 9 taps < 16: guards
+             helper.make_node("Conv", ["d", "w"], ["y"])]                              # no padding at all
+    model = make_model(nodes, [vi("x", [1, 4, 7, 7])], [vi("y", [1, 4, 5, 5])], [const("dw", dw), const("w", w)])
+    g = assert_same(model, {"x": RNG.standard_normal((1, 4, 7, 7)).astype(np.float32)}, rtol=1e-4, atol=1e-5)
+    assert ops_of(g) == ["Conv", "Conv"]
 
 
 def test_batchnorm_without_conv_becomes_mul_add():

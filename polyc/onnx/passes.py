@@ -511,6 +511,69 @@ def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
     return g
 
 
+#: A Conv reads an explicitly zero-padded copy of its input (:func:`explicit_conv_padding`) when each input
+#: element feeds at least this many multiply-adds (output channels per group x window taps): the copy costs
+#: one load and store per element, at most 1/PAD_COPY_MIN_REUSE of the multiply-adds, while the guards it
+#: replaces test every multiply-add and keep the register tile's vector loads masked. Depthwise convolutions
+#: (one output channel per group, 9 taps: memory-bound, where a copy is a second pass) keep their guards.
+PAD_COPY_MIN_REUSE = 16
+
+
+def explicit_conv_padding(g: nx.DiGraph) -> nx.DiGraph:
+    """Give each padded Conv with constant weights and enough reuse (:data:`PAD_COPY_MIN_REUSE`) a Pad node
+    of its own: ``Pad(x, pads) -> Conv(pads=0)``, the Pad extended at the end only as far as the windows
+    reach (``(out-1)*stride + (k-1)*dilation - pad_begin - (in-1)``). The Pad is a kernel of its own, so the
+    convolution's window reads need no bounds guard (as onnxruntime's and oneDNN's padded-input paths)."""
+    g = copy_graph(g)
+    consts, tensors = g.graph["constants"], g.graph["tensors"]
+    for nid in topo_order(g):
+        d = g.nodes[nid]
+        if d["op"] != "Conv" or d["inputs"][1] not in consts:
+            continue
+        x_name = d["inputs"][0]
+        x, y, w = tensors.get(x_name), tensors.get(d["outputs"][0]), consts[d["inputs"][1]]
+        if x is None or y is None or x.shape is None or y.shape is None or len(x.shape) < 3:
+            continue
+        a = d["attrs"]
+        nsp = len(x.shape) - 2
+        kernel = list(w.shape[2:])
+        if int(w.shape[0]) // int(a.get("group", 1)) * int(np.prod(kernel)) < PAD_COPY_MIN_REUSE:
+            continue
+        strides = list(a.get("strides", [1] * nsp))
+        dil = list(a.get("dilations", [1] * nsp))
+        auto = a.get("auto_pad", b"NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else auto
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            total = [max((y.shape[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - x.shape[2 + i], 0)
+                     for i in range(nsp)]
+            pb = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+        elif auto == "VALID":
+            pb = [0] * nsp
+        else:
+            pb = list(a.get("pads", [0] * 2 * nsp))[:nsp]
+        pe = [max(0, (y.shape[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] - pb[i] - (x.shape[2 + i] - 1))
+              for i in range(nsp)]
+        if not any(pb) and not any(pe):
+            continue
+        padded = fresh_name(g, f"{nid}_padded")
+        tensors[padded] = TensorInfo(tuple(x.shape[:2]) + tuple(x.shape[2 + i] + pb[i] + pe[i] for i in range(nsp)),
+                                     x.dtype)
+        pads = [0, 0] + pb + [0, 0] + pe
+        order = d["order"]
+        if g.graph["opset"] >= 11:
+            pads_name = fresh_name(g, f"{nid}_pads")
+            set_constant(g, pads_name, np.array(pads, np.int64))
+            add_op(g, f"{nid}_pad", "Pad", [x_name, pads_name], [padded], order=order)
+        else:
+            add_op(g, f"{nid}_pad", "Pad", [x_name], [padded], {"pads": pads}, order=order)
+        attrs = {k: v for k, v in a.items() if k not in ("pads", "auto_pad")}
+        inputs, outputs = [padded] + list(d["inputs"][1:]), list(d["outputs"])
+        remove_op(g, nid)
+        add_op(g, nid, "Conv", inputs, outputs, attrs, order=order)
+    connect(g)
+    return g
+
+
 def eliminate_dead_code(g: nx.DiGraph) -> nx.DiGraph:
     """Remove nodes that no graph output depends on, and constants nothing reads."""
     g = copy_graph(g)
@@ -618,6 +681,7 @@ def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
     g = decompose_batchnorm(g)
     if space_to_depth:
         g = strided_conv_to_space_to_depth(g)
+    g = explicit_conv_padding(g)
     g = fold_constants(g)
     g = fold_with_shapes(g)
     g = eliminate_dead_code(g)
@@ -626,5 +690,5 @@ def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
 
 
 __all__ = ["remove_identities", "fold_constants", "eliminate_common_subexpressions", "fold_batchnorm",
-           "decompose_batchnorm", "strided_conv_to_space_to_depth", "eliminate_dead_code", "infer_static_shapes",
+           "decompose_batchnorm", "strided_conv_to_space_to_depth", "explicit_conv_padding", "eliminate_dead_code", "infer_static_shapes",
            "simplify", "evaluate_node", "refresh_shapes", "fold_with_shapes"]

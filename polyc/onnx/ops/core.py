@@ -158,8 +158,6 @@ def conv(b: Builder, node):
     nsp, kernel, strides, dil = spatial_params(b, node, x, tuple(b.tensors[weights].shape))
     pb = pads_begin(node, x.shape[2:], ys[2:], kernel, strides, dil)
     group = attr(node, "group", 1)
-    if w_shape_reuse(b, node, group) >= PAD_COPY_MIN_REUSE:
-        x, pb = padded_input(b, x, ys, kernel, strides, dil, pb)
     if (group == 1 and nsp >= 1 and ys[-1] < CHANNELS_LAST_MAX_WIDTH and ys[1] >= CHANNELS_LAST_MIN_CHANNELS
             and weights in b.consts):
         wt = b.constant_table(np.ascontiguousarray(np.moveaxis(np.asarray(b.consts[weights]), 0, -1)), "wT")
@@ -189,47 +187,6 @@ def conv(b: Builder, node):
     if bias is None:
         return [t]
     return [lazy(ys, x.dtype, lambda idx: f"({t.at(idx)} + {bias.at([idx[1]])})")]
-
-
-#: A convolution reads its input through a zero-padded copy (:func:`padded_input`) when each input element
-#: feeds at least this many multiply-adds (output channels per group x window taps): the copy then costs at
-#: most one load and store per 1/PAD_COPY_MIN_REUSE of them, while the guards it replaces test every
-#: multiply-add (and keep the register tile's vector loads masked). Depthwise convolutions (9 taps, one
-#: output channel per group: memory-bound, where a copy is a second pass over the input) keep their guards.
-PAD_COPY_MIN_REUSE = 16
-
-
-def w_shape_reuse(b: Builder, node, group: int) -> int:
-    """Multiply-adds per input element of a Conv node: output channels per group x window taps."""
-    w = b.tensors[node["inputs"][1]].shape
-    taps = 1
-    for k in w[2:]:
-        taps *= k
-    return w[0] // group * taps
-
-
-def padded_input(b: Builder, x, ys, kernel, strides, dil, pb):
-    """``(xp, pads)``: the convolution input ``x`` (N, C, spatial..) with its zero padding made explicit —
-    ``XP(n, c, y..) = (y - pad in bounds) ? X(n, c, y - pad..) : 0``, extended at the front by the leading pads
-    and at the back as far as the windows reach — and the leading pads left (zeros), so that the
-    convolution's window reads need no guard. ``x`` and ``pb`` unchanged when no window leaves the input."""
-    nsp = len(kernel)
-    front = [max(0, p) for p in pb]
-    back = [max(0, (ys[2 + i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] - pb[i] - (x.shape[2 + i] - 1))
-            for i in range(nsp)]
-    if not any(front) and not any(back):
-        return x, pb
-    shape = tuple(x.shape[:2]) + tuple(x.shape[2 + i] + front[i] + back[i] for i in range(nsp))
-
-    def body(idx, _red):
-        coords, conds = [], []
-        for i in range(nsp):
-            t, cs = window(idx[2 + i], "0", 1, 0, front[i], x.shape[2 + i], shape[2 + i], 1)
-            coords.append(t)
-            conds += cs
-        value = x.at(list(idx[:2]) + coords)
-        return f"({guard(conds)}) ? {value} : {zero(x.dtype)}" if conds else value
-    return b.emit(shape, x.dtype, body), [p - f for p, f in zip(pb, front)]
 
 
 def _conv_channels_last(b: Builder, x, wt, bias, ys, kernel, strides, dil, pb):
