@@ -69,7 +69,16 @@ import polyc.kernels  # noqa: E402
 from polyc import Options  # noqa: E402
 from fma_peak import FmaPeak  # noqa: E402  (scripts/fma_peak.py, beside this script)
 
-SECTIONS = ("gemm", "bmm", "mlp", "conv", "polybench", "overhead")
+SECTIONS = ("gemm", "bmm", "mlp", "conv", "resnet50", "polybench", "overhead")
+
+#: Every distinct convolution of ResNet-50 (torchvision v1.5, batch 1, 224x224): (C, H, M, K, stride, pad).
+RESNET50_CONVS = ((3, 224, 64, 7, 2, 3), (64, 56, 64, 1, 1, 0), (64, 56, 64, 3, 1, 1), (64, 56, 256, 1, 1, 0),
+                  (256, 56, 64, 1, 1, 0), (256, 56, 128, 1, 1, 0), (128, 56, 128, 3, 2, 1), (128, 28, 512, 1, 1, 0),
+                  (256, 56, 512, 1, 2, 0), (512, 28, 128, 1, 1, 0), (128, 28, 128, 3, 1, 1), (512, 28, 256, 1, 1, 0),
+                  (256, 28, 256, 3, 2, 1), (256, 14, 1024, 1, 1, 0), (512, 28, 1024, 1, 2, 0),
+                  (1024, 14, 256, 1, 1, 0), (256, 14, 256, 3, 1, 1), (1024, 14, 512, 1, 1, 0),
+                  (512, 14, 512, 3, 2, 1), (512, 7, 2048, 1, 1, 0), (1024, 14, 2048, 1, 2, 0),
+                  (2048, 7, 512, 1, 1, 0), (512, 7, 512, 3, 1, 1))
 
 # ---- kernels written for the benchmark ---------------------------------------------------------------------
 
@@ -427,6 +436,35 @@ class Bench:
             self.compare(f"conv2d {label}", f"1x{c}x{h}x{w}", t, "onnxruntime Conv", self.kernel(family, name),
                          (x, polyc_f), peer, flops, "float32")
 
+    def resnet50(self):
+        """Every ResNet-50 convolution as one ONNX Conv node, compiled by ``polyc.onnx`` (what a model gets:
+        the graph passes, the lowering, the kernel) and run by onnxruntime; both time ``run`` calls."""
+        import polyc.onnx as ponnx
+
+        t = self.args.threads
+        shapes = RESNET50_CONVS[1:3] if self.args.quick else RESNET50_CONVS
+        for c, h, m, k, stride, pad in shapes:
+            if self.args.quick:
+                c, h, m = min(c, 16), min(h, 14), min(m, 16)
+            x = self.normal(1, c, h, h)
+            f = self.normal(m, c, k, k) * np.float32(1 / math.sqrt(c * k * k))
+            o = (h + 2 * pad - k) // stride + 1
+            session = ort_conv_session(x.shape, f, stride, pad, 1, t)
+            t0 = time.perf_counter()
+            model = ponnx.compile(conv_model(x.shape, f, stride, pad, 1), Options(threads=t), progress=False)
+            compile_s = time.perf_counter() - t0
+            run = lambda model=model, x=x: model.run({"X": x})[0]  # noqa: E731
+            peer = lambda session=session, x=x: session.run(["Y"], {"X": x})[0]  # noqa: E731
+            got, want = run(), peer()
+            polyc_s, _ = median_time(run, self.args.runs)
+            peer_s, _ = median_time(peer, self.args.runs)
+            ok, check = close(got, want, "float32")
+            row = Row(f"resnet50 conv {k}x{k}" + (f"/{stride}" if stride > 1 else "") + f", {c}->{m}",
+                      f"1x{c}x{h}x{h}", t, "onnxruntime Conv", polyc_s, peer_s, 2 * m * c * k * k * o * o,
+                      "float32", compile_s, check)
+            self.rows.append(row)
+            self.progress(row)
+
     def polybench(self):
         dataset = "SMALL" if self.args.quick else "LARGE"
         t = self.args.threads
@@ -571,9 +609,9 @@ def _ms(seconds) -> str:
 
 # ---- peers -------------------------------------------------------------------------------------------------
 
-def ort_conv_session(x_shape, weights, stride, pad, group, threads):
-    """An onnxruntime session running one Conv node (weights as an initializer)."""
-    import onnxruntime as ort
+def conv_model(x_shape, weights, stride, pad, group):
+    """A model of one Conv node ``Y = Conv(X, W)`` (weights as an initializer, output shape inferred)."""
+    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     m, _, kh, kw = weights.shape
@@ -584,6 +622,14 @@ def ort_conv_session(x_shape, weights, stride, pad, group, threads):
                               initializer=[numpy_helper.from_array(weights, "W")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def ort_conv_session(x_shape, weights, stride, pad, group, threads):
+    """An onnxruntime session running one Conv node (weights as an initializer)."""
+    import onnxruntime as ort
+
+    model = conv_model(x_shape, weights, stride, pad, group)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -712,7 +758,7 @@ def main(argv=None) -> int:
     if bench.blas.how is None:
         bench.notes.append("numpy's thread count was not controlled; install threadpoolctl or run with "
                            "OPENBLAS_NUM_THREADS=1 and =2 separately")
-    if any(s in only for s in ("gemm", "bmm", "mlp", "conv", "polybench")):
+    if any(s in only for s in ("gemm", "bmm", "mlp", "conv", "resnet50", "polybench")):
         bench.measure_peaks()
     for section in SECTIONS:
         if section in only:

@@ -137,6 +137,16 @@ def test_bench_kernels_quick_gemm():
     assert "Per-call overhead" not in result.stdout  # --only gemm leaves the other sections out
 
 
+def test_bench_kernels_quick_resnet50_convs_through_polyc_onnx():
+    result = run_script(SCRIPTS / "bench_kernels.py", "--quick", "--only", "resnet50", "--threads", "1")
+    assert result.returncode == 0, result.stderr
+    _, rows = first_table(result.stdout)
+    assert [r["kernel"] for r in rows] == ["resnet50 conv 1x1, 16->16", "resnet50 conv 3x3, 16->16"]
+    for r in rows:
+        assert r["peer"] == "onnxruntime Conv" and r["check"] == "ok", r
+        assert number(r["polyc ms"]) > 0 and number(r["% of peak"]) >= 0
+
+
 def test_bench_kernels_rejects_unknown_section():
     result = run_script(SCRIPTS / "bench_kernels.py", "--quick", "--only", "gemm,nope")
     assert result.returncode == 2 and "nope" in result.stderr
