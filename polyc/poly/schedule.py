@@ -26,7 +26,6 @@ import warnings
 import islpy as isl
 
 from .. import debug
-from ..errors import CompileError
 from ..options import Options
 from .affine import isl_name
 from .deps import Dependences
@@ -65,12 +64,12 @@ def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Sch
     strategy: first in this process on :data:`IN_PROCESS_OPERATIONS` pivots, which is enough for almost
     every kernel; past that, again with at most :data:`MAX_OPERATIONS` pivots in a child process killed
     after :data:`TIME_BOX` seconds (None: in this process, with the operation budget only; both are read at each call, so a test
-    can shrink them). When a run is cut off, the fallback is documented and always correct: isl again with
-    the constant terms bounded by :data:`MAX_CONSTANT_TERM`, then also with ``fusion="min"`` (no fusion of
-    strongly connected components: small problems), then the source order (:func:`identity_schedule`,
-    which every dependence follows by construction). ``POLYC_DEBUG=1`` says which was taken. Compile time
-    is so bounded by about three time boxes whatever the sizes. Raises CompileError when isl fails for
-    another reason.
+    can shrink them). When a run is cut off or isl's scheduler fails (it can report "unable to carry
+    dependences" on some inputs), the fallback is documented and always correct: isl again with the constant
+    terms bounded by :data:`MAX_CONSTANT_TERM`, then also with ``fusion="min"`` (no fusion of strongly
+    connected components: small problems), then the source order (:func:`identity_schedule`, which every
+    dependence follows by construction). ``POLYC_DEBUG=1`` says which was taken and why. Compile time is so
+    bounded by about three time boxes whatever the sizes.
     """
     if options.scheduler == "identity":
         return identity_schedule(scop)
@@ -82,22 +81,24 @@ def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Sch
     sc = sc.set_validity(validity).set_proximity(proximity).set_coincidence(validity)
     text = sc.to_str()
     time_box, max_operations = TIME_BOX, MAX_OPERATIONS
+    failures = []
     if time_box is not None:  # cheap first: in this process, on a small pivot budget
         found = isl_schedule_text(text, options.fusion, None, min(IN_PROCESS_OPERATIONS, max_operations))
         if found.startswith("error:"):
-            raise CompileError(f"isl's scheduler failed on kernel '{scop.name}': {found[6:]}")
-        if found:
+            failures.append(found[6:].strip())
+        elif found:
             return isl.Schedule.read_from_str(isl.DEFAULT_CONTEXT, found)
     attempts = ((options.fusion, None), (options.fusion, MAX_CONSTANT_TERM), ("min", MAX_CONSTANT_TERM))
     for fusion, constant in dict.fromkeys(attempts):
         found = _boxed(text, fusion, constant, max_operations, time_box)
-        if found.startswith("error:"):
-            raise CompileError(f"isl's scheduler failed on kernel '{scop.name}': {found[6:]}")
-        if found:
+        if found and not found.startswith("error:"):
             return isl.Schedule.read_from_str(isl.DEFAULT_CONTEXT, found)
+        why = (f"failed ({found[6:].strip()})" if found else
+               f"ran out of its budget ({time_box} s, {max_operations} operations)")
+        failures.append(why)
         debug.log(f"schedule: isl's scheduler on '{scop.name}' with fusion={fusion}, constant terms up to "
-                  f"{constant or 'any'} ran out of its budget "
-                  f"({time_box} s, {max_operations} operations); falling back")
+                  f"{constant or 'any'} {why}; falling back")
+    debug.log(f"schedule: '{scop.name}' keeps the source order ({'; '.join(failures)})")
     return identity_schedule(scop)
 
 
