@@ -34,7 +34,11 @@ class Dependences:
         return self.raw.union(self.war).union(self.waw).coalesce()
 
     def __str__(self) -> str:
-        return (f"RAW: {self.raw.coalesce()}\nWAR: {self.war.coalesce()}\nWAW: {self.waw.coalesce()}")
+        # coalesced copies: isl coalesces a union map's pieces in place, and a shared map's new form would
+        # change what the scheduler is handed later (a debug print must not change the compiled code)
+        def shown(deps: isl.UnionMap) -> isl.UnionMap:
+            return isl.UnionMap.read_from_str(deps.get_ctx(), deps.to_str()).coalesce()
+        return f"RAW: {shown(self.raw)}\nWAR: {shown(self.war)}\nWAW: {shown(self.waw)}"
 
 
 def source_order(scop: Scop) -> isl.UnionMap:

@@ -56,7 +56,8 @@ def respects(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> bool:
 
 
 def _fail(where: str, what: str, deps: isl.UnionMap):
-    raise CompileError(f"{where} {what}: {deps.coalesce()}")
+    shown = isl.UnionMap.read_from_str(deps.get_ctx(), deps.to_str()).coalesce()  # isl coalesces in place
+    raise CompileError(f"{where} {what}: {shown}")
 
 
 def check_subtree(node: isl.ScheduleNode, pending: isl.UnionMap, where: str) -> None:
