@@ -240,6 +240,14 @@ def children(e: L.Expr) -> tuple:
     return ()
 
 
+def accesses_in(expr: L.Expr) -> list[L.Access]:
+    """Every tensor access in ``expr``, nested ones (an index that reads a tensor) included, in tree order."""
+    found = [expr] if isinstance(expr, L.Access) else []
+    for c in children(expr):
+        found.extend(accesses_in(c))
+    return found
+
+
 def has_access(expr: L.Expr) -> bool:
     """Whether ``expr`` reads a tensor (a data-dependent value)."""
     if isinstance(expr, L.Access):
@@ -257,18 +265,9 @@ def element_stride(args, shape, index: str, indices, sizes) -> int | None:
         if text is None:
             return None
         aff = isl.Aff(f"{{ [{dims}] -> [({text})] }}")
-        if aff.dim(isl.dim_type.div) and index in _names_in(arg):
+        if aff.dim(isl.dim_type.div) and index in index_names(arg):
             return None
         coefficient = int(aff.get_coefficient_val(isl.dim_type.in_, names.index(index)).to_python())
         total += coefficient * stride
         stride *= extent
     return total
-
-
-def _names_in(expr) -> set[str]:
-    found = set()
-    if isinstance(expr, L.Ident):
-        found.add(expr.name)
-    for c in children(expr):
-        found |= _names_in(c)
-    return found

@@ -28,7 +28,8 @@ import islpy as isl
 from ..errors import RangeError, SemanticError
 from ..lang import ast as L
 from ..lang.printer import format_expr
-from .affine import affine_text, children, constant_value, element_stride, guard_text, index_names, isl_name
+from .affine import (affine_text, children, constant_value, element_stride, guard_text, index_names, isl_name,
+                     accesses_in)
 from .scop import PolyStatement, Scop, Tensor
 
 #: The identity of each reduction operator, by dtype kind (float / signed int / unsigned int / bool).
@@ -56,18 +57,11 @@ def reduction_order(cs: L.CheckedStatement, checked: L.CheckedDef, shapes: dict,
     unspecified; this one makes the sequential order, which isl's scheduler keeps, sum the index that moves
     the reads least innermost: ``c`` (an image plane per step) outside ``kh`` (a row) outside ``kw`` (one
     element) for a convolution however its guards name the window indices first."""
-    reads = []
-
-    def visit(e):
-        if isinstance(e, L.Access) and e.tensor in shapes:
-            reads.append(e)
-        for c in children(e):
-            visit(c)
-    visit(cs.stmt.rhs)
+    known = [r for r in accesses_in(cs.stmt.rhs) if r.tensor in shapes]
 
     def jump(index):
         return max((abs(element_stride(r.args, shapes[r.tensor], index, cs.indices, sizes) or 0)
-                    * L.ITEMSIZE[checked.tensor(r.tensor).dtype] for r in reads), default=0)
+                    * L.ITEMSIZE[checked.tensor(r.tensor).dtype] for r in known), default=0)
     return tuple(sorted(cs.reduction_indices, key=jump, reverse=True))
 
 

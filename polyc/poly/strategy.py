@@ -38,7 +38,7 @@ import islpy as isl
 from ..errors import CompileError
 from ..lang import ast as L
 from ..options import Options
-from .affine import children, element_stride
+from .affine import accesses_in, element_stride
 from .deps import Dependences
 from .scop import PolyStatement, Scop
 from .transforms import (band_coincident, band_extents, band_permute, band_sink, band_split, band_tile, bands,
@@ -133,21 +133,12 @@ def main_statement(node: isl.ScheduleNode, scop: Scop) -> PolyStatement | None:
     return max(candidates, key=lambda s: (len(s.indices), s.op != "init"))
 
 
-def _reads(expr: L.Expr) -> list[L.Access]:
-    found = []
-    if isinstance(expr, L.Access):
-        found.append(expr)
-    for c in children(expr):
-        found.extend(_reads(c))
-    return found
-
-
 def access_strides(stmt: PolyStatement, scop: Scop, index: str):
     """``(write stride, [read strides])`` of ``stmt`` along ``index``; a gather read gives ``None``."""
     lhs_args = [L.Ident(n, None, "int32", "index") for n in stmt.lhs]
     write = element_stride(lhs_args, scop.tensor(stmt.tensor).shape, index, stmt.indices, scop.sizes)
     reads = [element_stride(a.args, scop.tensor(a.tensor).shape, index, stmt.indices, scop.sizes)
-             for a in _reads(stmt.rhs)]
+             for a in accesses_in(stmt.rhs)]
     return write, reads
 
 
@@ -164,7 +155,7 @@ def choose_members(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop):
             v = k
     if v is None:
         return None, None
-    vector_reads = [a for a, s in zip(_reads(stmt.rhs), access_strides(stmt, scop, index_of[v])[1]) if s]
+    vector_reads = [a for a, s in zip(accesses_in(stmt.rhs), access_strides(stmt, scop, index_of[v])[1]) if s]
     best, u = 0, None
     for k in range(node.band_n_member()):
         if k == v or not coincident[k] or index_of[k] is None:
@@ -185,7 +176,7 @@ def streams_rows(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop, v: int
     of short blocks, a new page each step; with ``v`` innermost and the reductions outside it, each step
     reads a contiguous row segment of the tile instead (the accumulated output segment stays in L1)."""
     strides = access_strides(stmt, scop, member_index(node, v, stmt))[1]
-    loaded = [a for a, st in zip(_reads(stmt.rhs), strides) if st]
+    loaded = [a for a, st in zip(accesses_in(stmt.rhs), strides) if st]
     reductions = [i for i in (member_index(node, k, stmt) for k in R) if i is not None]
     return any(jump_bytes(read, reductions, stmt, scop) >= PACK_MIN_ROW_BYTES for read in loaded)
 
@@ -358,7 +349,7 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
     if stmt.op not in ("+=", "*=", "max=", "min="):
         return None
     written = {s.tensor for s in scop.statements}
-    for read in _reads(stmt.rhs):
+    for read in accesses_in(stmt.rhs):
         tensor = scop.tensor(read.tensor)
         names = [a.name if isinstance(a, L.Ident) and a.kind == "index" else None for a in read.args]
         if (tensor.name in written or len(names) < 2 or None in names or len(set(names)) != len(names)
@@ -402,7 +393,7 @@ def choose_reduction_member(node: isl.ScheduleNode, stmt: PolyStatement, scop: S
     moving), and no read of the reduced tensor. Codegen keeps one partial result per vector lane."""
     if stmt.op not in ("+=", "*=", "max=", "min=") or scop.tensor(stmt.tensor).dtype == "bool":
         return None
-    if any(a.tensor == stmt.tensor for a in _reads(stmt.rhs)):
+    if any(a.tensor == stmt.tensor for a in accesses_in(stmt.rhs)):
         return None
     coincident = band_coincident(node)
     found = None
