@@ -2,8 +2,9 @@
 
 For each model (built at benchmark time with seeded random weights, ``scripts/model_zoo.py``) and each
 thread count: compile time cold (an empty disk cache) and warm (a second compile from that cache), the
-latency of polyc, onnxruntime and OpenVINO at the same thread count (medians of ``--runs``, the three run in
-turn in one process so that noise hits them alike), the ratio peer ms / polyc ms (above 1: polyc is faster),
+latency of polyc, onnxruntime and OpenVINO at the same thread count (each engine in a process of its own, so no
+engine's spinning thread pool slows another; ``--runs`` rounds give the three a turn each of a few calls back
+to back, so noise hits them alike; the median of the calls), the ratio peer ms / polyc ms (above 1: polyc is faster),
 the geometric mean of the ratios, and where polyc's time goes: the slowest kernels with their GFLOP/s, GB/s
 and % of their roofline (``polyc.poly.cost``: the kernel's FLOPs over the measured FMA peak of the target,
 its compulsory bytes over the measured memory bandwidth, whichever bound is larger).
@@ -46,42 +47,93 @@ def _set_target(cpu: str | None) -> None:
             os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
 
 
-def timed_in_turn(runners: dict, runs: int) -> dict:
-    """``{name: median seconds}``: each runner is called once to warm up, then ``runs`` rounds call every
-    runner once in turn (so a burst of load hits all of them)."""
-    for run in runners.values():
-        run()
-    times = {name: [] for name in runners}
+def timed_in_turn(engines: dict, runs: int, block: int = 3, settle: float = 0.05) -> dict:
+    """``{name: median seconds}`` of ``runs`` rounds: each round gives every engine a turn of one warm-up call
+    and ``block`` timed calls back to back, then ``settle`` seconds of quiet, so a burst of load hits all of
+    them alike and no engine's spinning worker threads eat into the next one's turn."""
+    times = {name: [] for name in engines}
     for _ in range(runs):
-        for name, run in runners.items():
-            t = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - t)
+        for name, engine in engines.items():
+            times[name] += engine.time(block)
+            time.sleep(settle)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def ort_runner(model_bytes: bytes, threads: int):
-    import onnxruntime
+def _runner(kind: str, path: str, threads: int):
+    """A callable ``feeds -> list of arrays`` running the model at ``path`` on engine ``kind``."""
+    if kind == "polyc":
+        import polyc
+        import polyc.onnx as ponnx
 
-    so = onnxruntime.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
-    return lambda feeds: session.run(None, feeds)
+        model = ponnx.compile(path, polyc.Options(threads=threads), progress=False)
+        return model.run
+    if kind == "onnxruntime":
+        import onnxruntime
 
+        so = onnxruntime.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        with open(path, "rb") as f:
+            session = onnxruntime.InferenceSession(f.read(), so, providers=["CPUExecutionProvider"])
+        return lambda feeds: session.run(None, feeds)
+    # OpenVINO's CPU plugin at ``threads`` threads, fp32 (no bf16 down-conversion), latency mode.
+    import openvino as ov
 
-def openvino_runner(path: str, threads: int):
-    """An OpenVINO CPU request at ``threads`` threads, fp32 inference precision (no bf16 down-conversion),
-    latency mode; None when openvino is not installed."""
-    try:
-        import openvino as ov
-    except ImportError:
-        return None
-    core = ov.Core()
-    compiled = core.compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
-                                                "INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": 1})
+    compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+                                                       "INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": 1})
     request = compiled.create_infer_request()
-    return lambda feeds: request.infer(feeds)
+    return lambda feeds: [np.asarray(v) for v in request.infer(feeds).values()]
+
+
+def _serve(conn, kind: str, path: str, threads: int, feeds: dict) -> None:
+    """An engine's process: build the runner, then answer ``("time", n)`` with n call times in seconds and
+    ``("output",)`` with the first output, until ``None``."""
+    try:
+        run = _runner(kind, path, threads)
+        conn.send("ready")
+    except Exception as e:  # reported to the parent, which leaves the engine out
+        conn.send(f"{type(e).__name__}: {e}")
+        return
+    while (msg := conn.recv()) is not None:
+        if msg[0] == "output":
+            conn.send(np.asarray(run(feeds)[0]))
+            continue
+        run(feeds)
+        ts = []
+        for _ in range(msg[1]):
+            t = time.perf_counter()
+            run(feeds)
+            ts.append(time.perf_counter() - t)
+        conn.send(ts)
+
+
+class Engine:
+    """One inference engine in a process of its own: the engines of a comparison never share a process, so
+    no engine's thread pool (onnxruntime's and polyc's workers spin for a while after a call) competes with
+    another's for the cores, as it would for a user who deploys one of them."""
+
+    def __init__(self, kind: str, path: str, threads: int, feeds: dict):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, kind, path, threads, feeds), daemon=True)
+        self.process.start()
+        status = self.conn.recv()
+        self.error = None if status == "ready" else status
+
+    def time(self, n: int) -> list[float]:
+        self.conn.send(("time", n))
+        return self.conn.recv()
+
+    def output(self) -> np.ndarray:
+        self.conn.send(("output",))
+        return self.conn.recv()
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(None)
+        self.process.join(10)
 
 
 def relative_error(got, want) -> float:
@@ -162,16 +214,15 @@ def bench_model(name: str, thread_counts, runs: int, slowest: int, machine: Mach
                     model = ponnx.compile(path, options, progress=False)
 
                 warm = _seconds(load)
-                runners = {"polyc": lambda: model.run(feeds), "onnxruntime": None, "openvino": None}
-                ort = ort_runner(data, threads)
-                runners["onnxruntime"] = lambda: ort(feeds)
-                ov = openvino_runner(path, threads)
-                if ov is not None:
-                    runners["openvino"] = lambda: ov(feeds)
-                else:
-                    del runners["openvino"]
-                error = relative_error(model.run(feeds)[0], ort(feeds)[0])
-                medians = timed_in_turn(runners, runs)
+                engines = {kind: Engine(kind, path, threads, feeds) for kind in ("polyc", "onnxruntime", "openvino")}
+                try:
+                    for kind in [k for k, e in engines.items() if e.error]:
+                        print(f"  {kind} left out: {engines.pop(kind).error}", file=sys.stderr)
+                    error = relative_error(engines["polyc"].output(), engines["onnxruntime"].output())
+                    medians = timed_in_turn(engines, runs)
+                finally:
+                    for e in engines.values():
+                        e.close()
                 rows.append(dict(model=name, threads=threads, cold=cold, warm=warm, kernels=len(model.compile_seconds),
                                  arena=model.arena_bytes, error=error,
                                  ms={k: v * 1e3 for k, v in medians.items()},
@@ -191,8 +242,8 @@ def geomean(values) -> float:
 
 def report(rows: list[dict], machine: Machine, cpu: str, runs: int) -> str:
     peers = [p for p in ("onnxruntime", "openvino") if any(p in r["ms"] for r in rows)]
-    out = [f"target: {cpu or 'host'} ({machine.describe()}); latency: median of {runs} runs, "
-           f"polyc and peers in turn; load average {os.getloadavg()[0]:.2f}", ""]
+    out = [f"target: {cpu or 'host'} ({machine.describe()}); latency: median of {runs} rounds x 3 calls, "
+           f"each engine in its own process, in turn; load average {os.getloadavg()[0]:.2f}", ""]
     head = "| model | threads | cold s | warm s | kernels | arena MiB | polyc ms | " + \
         " | ".join(f"{p} ms | ratio {p}/polyc" for p in peers) + " | max rel. error |"
     out += [head, "| --- | ---: " + "| ---: " * (5 + 2 * len(peers)) + "| ---: |"]
