@@ -448,14 +448,26 @@ def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: i
     leaves = _leaf_bands(node_at(schedule, inner_path), width)
     # full tiles again, now that the point bands sit below the reduction loops: a tile is full only when it
     # is for every value of those loops (a window loop near a padded border shortens the vector loop)
-    schedule = isolate_full_tiles(node_at(schedule, inner_path[:-1]),
-                                  [node_at(schedule, leaf) for leaf in leaves]).get_schedule()
+    # With a register tile [u, v] the tile band is split into [u] over [v], each isolating its own member:
+    # isl isolates once per band, so a tile that is partial in rows only (a height that is not a multiple
+    # of MR) still gets whole vectors, and one partial in columns only still gets whole rows.
+    tile_path = inner_path[:-1]
+    if width == 2:
+        schedule = band_split(node_at(schedule, tile_path), 1).get_schedule()
+        at = len(tile_path)
+        leaves = [leaf[:at] + (0,) + leaf[at:] for leaf in leaves]
+        for path, member in ((tile_path, 0), (tile_path + (0,), 1)):
+            schedule = isolate_full_tiles(node_at(schedule, path), [node_at(schedule, leaf) for leaf in leaves],
+                                          members=[member]).get_schedule()
+    else:
+        schedule = isolate_full_tiles(node_at(schedule, tile_path),
+                                      [node_at(schedule, leaf) for leaf in leaves]).get_schedule()
     for leaf in reversed(leaves):
         band = node_at(schedule, leaf)
         if width == 2:
             band = insert_mark(band_split(band, 1), "unroll").child(0)
         schedule = insert_mark(band, "vector").get_schedule()
-    return node_at(schedule, inner_path)
+    return node_at(schedule, tile_path)
 
 
 def _branches(node: isl.ScheduleNode) -> bool:

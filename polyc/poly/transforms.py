@@ -122,7 +122,7 @@ def member_index(node: isl.ScheduleNode, member: int, stmt) -> str | None:
     return None
 
 
-def isolate_full_tiles(tile: isl.ScheduleNode, points=None) -> isl.ScheduleNode:
+def isolate_full_tiles(tile: isl.ScheduleNode, points=None, members=None) -> isl.ScheduleNode:
     """Ask the AST generator to emit full tiles of ``tile`` separately (the ``isolate`` AST build option,
     as PPCG's ``--isolate-full-tiles``): in the isolated part every point loop runs its whole tile size, so
     its bounds are constants (no ``min``/``max``) and unrolled copies need no guard.
@@ -132,8 +132,9 @@ def isolate_full_tiles(tile: isl.ScheduleNode, points=None) -> isl.ScheduleNode:
     point band's whole box ``[0, size)`` is in the domain *for every value* of the loops in between — a
     convolution's window loops, whose bounds near a zero-padded border shorten the vector loop of the border
     tile only. The isolated set is ``{ isolate[[outer] -> [tile]] }``: the values of the enclosing schedule
-    dimensions and of ``tile``'s members for which that holds for every point band. Returns the tile band
-    node.
+    dimensions and of ``tile``'s members for which that holds for every point band. ``members`` (default:
+    all) are the point band members that must be full; the others count as loops in between (a band of the
+    vector tile alone asks for whole vectors for every row of the register tile). Returns the tile band node.
     """
     points = [tile.child(0)] if points is None else list(points)
     n_tile = tile.band_n_member()
@@ -150,6 +151,16 @@ def isolate_full_tiles(tile: isl.ScheduleNode, points=None) -> isl.ScheduleNode:
             continue
         pairs = isl.Set.from_union_set(image).unwrap()  # { [outer, tile, between] -> [point] }
         n_point = point.band_n_member()
+        if members is not None:  # point members that need not be full join the loops in between
+            keep = sorted(members)
+            order = [k for k in range(n_point) if k not in keep] + keep
+            moved = isl.Map(f"{{ [{', '.join(f'p{k}' for k in range(n_point))}] -> "
+                            f"[{', '.join(f'p{k}' for k in order)}] }}")
+            n_in = pairs.dim(isl.dim_type.in_)
+            flat = pairs.apply_range(moved).wrap().flatten()
+            pairs = isl.Map.from_range(flat).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0,
+                                                       n_in + n_point - len(keep))
+            n_point = len(keep)
         sizes = []
         for k in range(n_point):
             values = pairs.range().project_out(isl.dim_type.set, k + 1, n_point - k - 1).project_out(
@@ -169,6 +180,14 @@ def isolate_full_tiles(tile: isl.ScheduleNode, points=None) -> isl.ScheduleNode:
     full = seen.subtract(bad).coalesce()
     if full.is_empty():
         return tile
+    if full.n_basic_set() > 1:
+        # isl's AST generator isolates the (unshifted simple) hull of the isolated set: a union such as
+        # "c6 <= 224, or c6 <= 192 in the last tile of c2" (an extent that is not a multiple of the tile) would
+        # widen to every tile, and no full tile would be separated. Its convex hull ("c2 + c6 <= 968") is
+        # often exact on the tiles' lattice: use it when it holds no tile that is not full.
+        hull = isl.Set.from_basic_set(full.convex_hull())
+        if hull.intersect(bad).is_empty() if bad is not None else True:
+            full = hull
     option = isl.Map.from_range(full).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, n_keep - n_tile)
     option = option.wrap().set_tuple_name("isolate")
     return tile.band_set_ast_build_options(isl.UnionSet.from_set(option))
