@@ -41,9 +41,48 @@ def test_guarded_read_stays_inside_the_tensor(n, spec):
     assert result.returncode == 0 and result.stdout.strip() == "ok", (result.returncode, result.stderr[-2000:])
 
 
+STRIDED_SCRIPT = textwrap.dedent("""
+    import ctypes, mmap, sys
+    import numpy as np, polyc
+    from polyc import Options
+    n = int(sys.argv[1]); spec = sys.argv[2]
+    page = mmap.PAGESIZE
+    region = mmap.mmap(-1, 3 * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    libc = ctypes.CDLL(None)
+    assert libc.mprotect(ctypes.c_void_p(base), page, 0) == 0                # no access before X
+    assert libc.mprotect(ctypes.c_void_p(base + 2 * page), page, 0) == 0     # nor after it
+    x = np.frombuffer(region, np.float32, count=n, offset=2 * page - 4 * n)  # X ends at the page's end
+    x[:] = np.arange(1, n + 1, dtype=np.float32)
+    k = polyc.define('''
+    def pool_s2(float(N) X) -> (Y) {
+        Y(i) = ((2*i-1 >= 0 && 2*i-1 < N) ? X(2*i-1) : 0.0) + ((2*i+1 < N) ? X(2*i+1) : 0.0)
+            where i in 0:(N+2)/2
+    }''', options=Options.from_spec(spec))
+    y = k(x)
+    padded = np.concatenate([[0], np.arange(1, n + 1), [0, 0, 0]]).astype(np.float32)
+    i = np.arange((n + 2) // 2)
+    expected = padded[2 * i] + padded[2 * i + 2]
+    assert np.array_equal(y, expected), (y, expected)
+    libc.mprotect(ctypes.c_void_p(base), page, 3)
+    libc.mprotect(ctypes.c_void_p(base + 2 * page), page, 3)
+    print("ok")
+""")
+
+
+@pytest.mark.parametrize("spec", ["", "vectorize=0"])
+@pytest.mark.parametrize("n", [7, 64, 101])
+def test_strided_guarded_read_stays_inside_the_tensor(n, spec):
+    """Stride-2 reads under a guard (a masked load of the span the lanes cover) touch neither the element
+    before the tensor nor any after it."""
+    result = subprocess.run([sys.executable, "-c", STRIDED_SCRIPT, str(n), spec], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", (result.returncode, result.stderr[-2000:])
+
+
 @pytest.mark.parametrize("spec", ["", "vectorize=0"])
 def test_strided_guarded_convolution_matches_numpy(spec):
-    """A stride-2 convolution with its padding as a ?: guard: masked gathers in vector code."""
+    """A stride-2 convolution with its padding as a ?: guard: masked loads of the span in vector code."""
     import numpy as np
 
     import polyc

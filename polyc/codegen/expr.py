@@ -771,8 +771,8 @@ def load_access(env: Env, e: L.Access, b: ir.IRBuilder) -> ir.Value:
     return splat(b, value, env.lanes) if env.lanes > 1 and stride == 0 else value
 
 
-#: Reads whose element stride per vector lane is at most this are vectorized (loads of the span, or
-#: masked gathers under a guard); a stride-2 convolution reads its input with stride 2.
+#: Reads whose element stride per vector lane is at most this are vectorized (loads of the span, masked
+#: under a guard); a stride-2 convolution reads its input with stride 2.
 MAX_READ_STRIDE = 4
 
 
@@ -781,19 +781,22 @@ def _guarded_load(env: Env, tensor: str, flat: ir.Value, stride: int, b: ir.IRBu
     tensor's first element (always valid) where the mask is off, so no lane can touch memory outside."""
     dtype = env.scop.tensor(tensor).dtype
     if env.lanes > 1 and stride > 1:
+        # one masked load of the span the lanes cover (lane j's element at stride * j, the elements between
+        # masked off, so no lane touches memory its guard forbids), then every stride-th element: a gather
+        # costs about one element per cycle on x86, a masked load one vector
         mty = memory_type(dtype)
-        vty = ir.VectorType(mty, env.lanes)
-        lanes_ty = ir.VectorType(I64, env.lanes)
-        # addresses of the lanes: first element + stride * lane (llvmlite's gep has no vector form)
-        first = b.ptrtoint(element_pointer(env, tensor, flat, b), I64)
-        step = stride * element_bytes(dtype)
-        addresses = b.add(splat(b, first, env.lanes), ir.Constant(lanes_ty, [step * j for j in range(env.lanes)]))
-        pointers = b.inttoptr(addresses, ir.VectorType(PTR, env.lanes))
-        fn = declare(env.module, f"llvm.masked.gather.v{env.lanes}{_type_suffix(mty)}.v{env.lanes}p0",
-                     ir.FunctionType(vty, [ir.VectorType(PTR, env.lanes), I32,
-                                           ir.VectorType(ir.IntType(1), env.lanes), vty]))
-        value = b.call(fn, [pointers, ir.Constant(I32, element_bytes(dtype)), env.mask, ir.Constant(vty, None)])
-        return b.icmp_unsigned("!=", value, const(vty, 0)) if dtype == "bool" else value
+        span = stride * (env.lanes - 1) + 1
+        vty = ir.VectorType(mty, span)
+        off = ir.Constant(ir.VectorType(ir.IntType(1), env.lanes), [0] * env.lanes)
+        spread = b.shuffle_vector(env.mask, off, ir.Constant(ir.VectorType(I32, span), [
+            e // stride if e % stride == 0 else env.lanes for e in range(span)]))
+        fn = declare(env.module, f"llvm.masked.load.v{span}{_type_suffix(mty)}.p0",
+                     ir.FunctionType(vty, [PTR, I32, ir.VectorType(ir.IntType(1), span), vty]))
+        wide = b.call(fn, [element_pointer(env, tensor, flat, b), ir.Constant(I32, element_bytes(dtype)), spread,
+                           ir.Constant(vty, None)])
+        picks = ir.Constant(ir.VectorType(I32, env.lanes), [stride * j for j in range(env.lanes)])
+        value = b.shuffle_vector(wide, ir.Constant(vty, ir.Undefined), picks)
+        return b.icmp_unsigned("!=", value, const(ir.VectorType(mty, env.lanes), 0)) if dtype == "bool" else value
     if env.lanes > 1 and stride == 1:
         mty = memory_type(dtype)
         vty = ir.VectorType(mty, env.lanes)
