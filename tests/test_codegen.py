@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
+import polyc
 from polyc.codegen import Target, compile_module, emit_kernel, host_target, load_object, new_module
 from polyc.codegen.llvm import emit_isl_expr
 from polyc.errors import CompileError
@@ -885,3 +886,31 @@ def test_host_target():
     with pytest.raises(dataclasses.FrozenInstanceError):
         t.cores = 3
     assert isinstance(t, Target) and "cores=" in str(t)
+
+
+@pytest.mark.parametrize("cpu", [None, "znver3"])
+def test_inline_exp_float32_is_within_one_ulp_everywhere(monkeypatch, cpu):
+    """The inline float32 exp (AVX-512's vscalefps path in 16-lane vectors, the two-step exponent-field
+    scaling elsewhere: AVX2 vectors, the scalar remainder) against float64 numpy over a sweep of every
+    97th float in [-110, 95], plus overflow, underflow to subnormals and zero, infinities and NaN."""
+    if cpu is not None:
+        if not host_target().has_feature("avx2"):
+            pytest.skip("the host cannot run AVX2 code")
+        monkeypatch.setenv("POLYC_CPU", cpu)
+    k = polyc.define("def e(float(N) X) -> (Y) { Y(i) = exp(X(i)) }")
+    pos = np.arange(0, np.float32(95.0).view(np.int32), 97, dtype=np.int32).view(np.float32)
+    neg = -np.arange(0, np.float32(110.0).view(np.int32), 97, dtype=np.int32).view(np.float32)
+    edges = np.array([np.nan, np.inf, -np.inf, 88.72283, 88.7229, 89.5, -87.33655, -103.97, -103.28, -104.5],
+                     np.float32)
+    x = np.concatenate([pos, neg, edges])
+    y = k(x)
+    with np.errstate(over="ignore"):
+        exact = np.exp(x.astype(np.float64))
+        rounded = exact.astype(np.float32)
+    normal = np.isfinite(rounded) & (np.abs(rounded) >= np.finfo(np.float32).tiny)
+    ulps = np.abs(y[normal] - exact[normal]) / np.spacing(rounded[normal]).astype(np.float64)
+    assert ulps.max() <= 1.0, (ulps.max(), x[normal][ulps.argmax()])
+    tiny = (rounded < np.finfo(np.float32).tiny) & ~np.isnan(x)  # subnormal or zero: within one subnormal step
+    assert np.abs(y[tiny].astype(np.float64) - exact[tiny]).max() <= 1.5e-45
+    special = ~np.isfinite(rounded)
+    np.testing.assert_array_equal(y[special], rounded[special])  # inf where it overflows, NaN for NaN

@@ -36,7 +36,6 @@ from __future__ import annotations
 import ctypes.util
 import dataclasses
 import functools
-import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -47,67 +46,14 @@ from ..lang import ast as L
 from ..poly.affine import children
 from ..poly.scop import Scop
 from . import storage
+from .irbase import (FLOAT, I1, I32, I64, I8, MAX_IR_NAME, PTR, STORAGE, UNSIGNED, _BITS, _CONTRACT, _elem,
+                     _with_elem, const, declare, element_bytes, freeze, intrinsic, ir_name, llvm_type, memory_type,
+                     scalar_type, splat)
 
-I1 = ir.IntType(1)
-I8 = ir.IntType(8)
-I32 = ir.IntType(32)
-I64 = ir.IntType(64)
-PTR = ir.PointerType()
-FLOAT = ("float32", "float64")
-STORAGE = ("float16", "bfloat16")
-UNSIGNED = ("bool", "uint8", "uint16", "uint32", "uint64")
-_BITS = {"bool": 1, "int8": 8, "int16": 16, "int32": 32, "int64": 64,
-         "uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}
-_CONTRACT = ("contract",)
 _INTRINSICS = {"exp": 1, "log": 1, "sqrt": 1, "fabs": 1, "floor": 1, "ceil": 1, "sin": 1, "cos": 1,
                "pow": 2, "fma": 3, "rint": 1}
 _LIBM = {f: (f + "f", f) for f in ("tanh", "erf", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
                                    "atanh")}
-
-
-#: Longest IR value or block name passed to llvmlite: LLVM truncates local names past 1024 characters, so two
-#: long names with a common prefix would collide ("multiple definition of local value").
-MAX_IR_NAME = 64
-
-
-def ir_name(name: str) -> str:
-    """``name`` as safe for an LLVM value, block or symbol name: unchanged when short and plain
-    (``[A-Za-z0-9_.]``, at most :data:`MAX_IR_NAME` characters), else a plain prefix and a hash of the whole
-    name, so distinct long identifiers (legal in the language) stay distinct and LLVM never truncates them."""
-    if len(name) <= MAX_IR_NAME and all(c.isascii() and (c.isalnum() or c in "_.") for c in name):
-        return name
-    prefix = "".join(c if c.isascii() and (c.isalnum() or c in "_.") else "_" for c in name[:MAX_IR_NAME - 17])
-    return f"{prefix}.{hashlib.sha1(name.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
-
-
-def scalar_type(dtype: str) -> ir.Type:
-    """The register type of one element: bool → i1, intN/uintN → iN, float32 → float, float64 → double,
-    float16 → half, bfloat16 → i16 (its bits: llvmlite has no bfloat type)."""
-    if dtype == "float32":
-        return ir.FloatType()
-    if dtype == "float64":
-        return ir.DoubleType()
-    if dtype == "float16":
-        return ir.HalfType()
-    if dtype == "bfloat16":
-        return ir.IntType(16)
-    return ir.IntType(_BITS[dtype])
-
-
-def llvm_type(dtype: str, lanes: int = 1) -> ir.Type:
-    """The register type of ``dtype``, a ``<lanes x T>`` vector when ``lanes > 1``."""
-    t = scalar_type(dtype)
-    return t if lanes == 1 else ir.VectorType(t, lanes)
-
-
-def memory_type(dtype: str) -> ir.Type:
-    """The in-memory element type (numpy layout): as :func:`scalar_type` but bool is one byte (i8)."""
-    return I8 if dtype == "bool" else scalar_type(dtype)
-
-
-def element_bytes(dtype: str) -> int:
-    """Bytes of one element in memory (numpy's itemsize; bool is 1)."""
-    return {"bool": 1, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(dtype) or _BITS[dtype] // 8
 
 
 @dataclass
@@ -136,63 +82,6 @@ class Env:
     strides: dict[str, int] = field(default_factory=dict)
     mask: ir.Value | None = None  # i1 / <lanes x i1>: reads happen only where it is true (a ?: guard)
     safe_reads: frozenset = frozenset()  # reads in bounds whatever the mask (PolyStatement.safe_reads)
-
-
-# ---- small helpers on scalar-or-vector values ----
-
-def const(ty: ir.Type, value) -> ir.Constant:
-    """A constant of ``ty``, splatted when ``ty`` is a vector; ints are wrapped to the type's width."""
-    if isinstance(ty, ir.VectorType):
-        return ir.Constant(ty, [const(ty.element, value)] * ty.count)
-    if isinstance(ty, ir.IntType):
-        value = int(value) & ((1 << ty.width) - 1)
-        if ty.width > 1 and value >= 1 << (ty.width - 1):
-            value -= 1 << ty.width
-        return ir.Constant(ty, value)
-    return ir.Constant(ty, float(value))
-
-
-def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
-    """``<lanes x T>`` with every lane ``value`` (``insertelement`` + ``shufflevector``)."""
-    if lanes == 1:
-        return value
-    vty = ir.VectorType(value.type, lanes)
-    one = b.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
-
-
-def _with_elem(ty: ir.Type, elem: ir.Type) -> ir.Type:
-    return ir.VectorType(elem, ty.count) if isinstance(ty, ir.VectorType) else elem
-
-
-def _elem(ty: ir.Type) -> ir.Type:
-    return ty.element if isinstance(ty, ir.VectorType) else ty
-
-
-def declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
-    """The function ``name`` of ``module``, declared with ``fnty`` if not yet there."""
-    existing = module.globals.get(name)
-    if existing is not None:
-        return existing
-    return ir.Function(module, fnty, name)
-
-
-def intrinsic(module: ir.Module, base: str, ty: ir.Type, nargs: int) -> ir.Function:
-    """``llvm.<base>.<f32|f64|vNf32|vNf64>`` taking ``nargs`` values of ``ty`` and returning ``ty``.
-
-    Raises CompileError for an integer ``ty`` (sema converts the arguments of float builtins: a polyc bug)."""
-    if not isinstance(_elem(ty), (ir.FloatType, ir.DoubleType)):
-        raise CompileError(f"codegen: float intrinsic llvm.{base} on {ty}")
-    elem = "f32" if isinstance(_elem(ty), ir.FloatType) else "f64"
-    suffix = f"v{ty.count}{elem}" if isinstance(ty, ir.VectorType) else elem
-    return declare(module, f"llvm.{base}.{suffix}", ir.FunctionType(ty, [ty] * nargs))
-
-
-def freeze(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    """LLVM's ``freeze``: poison (e.g. from an out-of-range ``fptosi``) becomes some fixed value."""
-    instr = ir.instructions.Instruction(b.block, value.type, "freeze", [value])
-    b._insert(instr)  # llvmlite has no builder method for freeze
-    return instr
 
 
 # ---- integer division with floor semantics and no undefined behaviour ----
@@ -453,6 +342,8 @@ def _emit_call(env: Env, e: L.Call, b: ir.IRBuilder) -> ir.Value:
         return _bitwise(b, f, args, dtype)
     if f == "fmod":
         return b.frem(args[0], args[1])
+    if f == "exp" and isinstance(_elem(ty), ir.FloatType):
+        return exp_float32(env.module, args[0], b)
     if f in _VECTOR_MATH and vector_math(env, f, args[0], b) is not None:
         return vector_math(env, f, args[0], b)
     if f in _INTRINSICS:
@@ -461,7 +352,8 @@ def _emit_call(env: Env, e: L.Call, b: ir.IRBuilder) -> ir.Value:
         return _call_libm(env, _LIBM[f][0 if dtype == "float32" else 1], args[0], b)
     if f == "sigmoid":
         neg = b.fneg(args[0])
-        exp = vector_math(env, "exp", neg, b) or b.call(intrinsic(env.module, "exp", ty, 1), [neg])
+        exp = exp_float32(env.module, neg, b) if isinstance(_elem(ty), ir.FloatType) else \
+            vector_math(env, "exp", neg, b) or b.call(intrinsic(env.module, "exp", ty, 1), [neg])
         return b.fdiv(const(ty, 1.0), b.fadd(const(ty, 1.0), exp))
     if f == "rsqrt":
         return b.fdiv(const(ty, 1.0), b.call(intrinsic(env.module, "sqrt", ty, 1), args))
@@ -527,6 +419,46 @@ def vector_math(env: Env, f: str, x: ir.Value, b: ir.IRBuilder) -> ir.Value | No
         return None
     name = f"_ZGV{_ISA[bits]}N{x.type.count}v_{f}{'f' if isinstance(elem, ir.FloatType) else ''}"
     return b.call(declare(env.module, name, ir.FunctionType(x.type, [x.type])), [x])
+
+
+def exp_float32(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> ir.Value:
+    """``exp`` of a float32 scalar or vector, inline (no call: LLVM schedules it with the loop around it).
+
+    Cody and Waite's reduction ``x = n ln2 + r``, ``n = roundeven(x log2 e)``, ``|r| <= ln2/2``, with ln2 split
+    in two (0.693359375, exact in 9 bits, and -2.12194440e-4); ``exp(r) = (P(r) r + 1) r + 1`` with the
+    degree-5 minimax P of Cephes' ``expf``, seven FMAs; then the product with ``2^n``: one ``vscalefps`` on a
+    512-bit vector (AVX-512 scales with IEEE overflow to inf and gradual underflow), else two exponent-field
+    products ``2^(n>>1) 2^(n-(n>>1))``, so results that overflow become inf and subnormal ones round once
+    more instead of flushing. ``x`` is clamped to [-104, 89] first (beyond: 0 and inf); NaN stays NaN (it
+    passes the clamp, and the frozen integer of a NaN ``n`` only scales a NaN). At most 2 ulp from the
+    correctly rounded result over the whole float range (tests/test_codegen.py measures it).
+    """
+    ty = x.type
+    ity = _with_elem(ty, I32)
+
+    def c(v):
+        return const(ty, v)
+
+    def fma(a, m, k):
+        return b.call(intrinsic(module, "fma", ty, 3), [a, m, k])
+
+    clamped = b.select(b.fcmp_ordered("<", x, c(-104.0)), c(-104.0), x)
+    clamped = b.select(b.fcmp_ordered(">", clamped, c(89.0)), c(89.0), clamped)
+    n = b.call(intrinsic(module, "roundeven", ty, 1), [b.fmul(clamped, c(1.44269504088896341))])
+    r = fma(n, c(-0.693359375), clamped)
+    r = fma(n, c(2.12194440e-4), r)
+    p = c(1.9875691500e-4)
+    for k in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1, 1.0, 1.0):
+        p = fma(p, r, c(k))
+    if isinstance(ty, ir.VectorType) and ty.count == 16:
+        scalef = declare(module, "llvm.x86.avx512.mask.scalef.ps.512",
+                         ir.FunctionType(ty, [ty, ty, ty, ir.IntType(16), I32]))
+        return b.call(scalef, [p, n, ir.Constant(ty, ir.Undefined), ir.Constant(ir.IntType(16), -1),
+                               ir.Constant(I32, 4)])  # all lanes, the current rounding mode
+    ni = freeze(b, b.fptosi(n, ity))
+    half = b.ashr(ni, const(ity, 1))
+    scales = [b.bitcast(b.shl(b.add(e, const(ity, 127)), const(ity, 23)), ty) for e in (half, b.sub(ni, half))]
+    return b.fmul(b.fmul(p, scales[0]), scales[1])
 
 
 def _call_libm(env: Env, name: str, x: ir.Value, b: ir.IRBuilder) -> ir.Value:

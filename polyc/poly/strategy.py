@@ -3,6 +3,13 @@
 For each outermost band of isl's tree (in the manner of TC's numbered ``MappedScop`` steps), looking at its
 *main statement* (the statement of the band with the most indices, preferring updates to initialisations):
 
+0. **distribute serialized members**: where isl fused several loops into one member by shifting each past
+   the previous one (a softmax's max, exp and sum over a row: ``r0``, ``499 + i3``, ``499 + r0``), split the
+   band there and sink the rest, one loop per statement under the shared outer members, each marked
+   ``vector`` when it carries no dependence or is a reduction's own; then fuse the next sibling band's
+   outer members of equal extents into it (the division by the sum, on the row while it is in cache)
+   (:func:`~polyc.poly.transforms.distribute_serialized`, :func:`~polyc.poly.transforms.fuse_next_sibling`);
+
 1. **classify members**: coincident members (``P``, no dependence carried: parallel, vectorisable) and the
    others (``R``, reductions). The *vector member* ``v`` is the coincident member that is the innermost,
    stride-1 index of the main statement's write, with every read stride-0 or stride-1 in it. The *unroll
@@ -18,7 +25,8 @@ For each outermost band of isl's tree (in the manner of TC's numbered ``MappedSc
    so each statement's innermost loops are ``R, ur, vr``: the reduction loop updates an ``MR x NR`` block of
    accumulators that LLVM keeps in registers;
 5. **marks**: ``unroll`` on ``ur``, ``vector`` on ``vr`` (codegen emits them as unrolled copies and LLVM vector
-   code of the target's width);
+   code of the target's width); the tile band ``[u, v]`` splits into ``[u]`` over ``[v]``, each isolating the
+   full tiles of its own member (isl's ``isolate`` option), so a partial row tile still gets whole vectors;
 6. **packing** (promotion): when the register tile's vector operand walks long rows along the reduction
    (GEMM's ``B(k, n)``), decide to copy it into a panel-major buffer (:class:`Packing`, carried out by
    :func:`polyc.poly.promote.promote` after the bands are done).
@@ -42,7 +50,7 @@ from .affine import accesses_in, element_stride
 from .deps import Dependences
 from .scop import PolyStatement, Scop
 from .transforms import (band_coincident, band_extents, band_permute, band_sink, band_split, band_tile, bands,
-                         dependences_at, insert_mark, isolate_full_tiles, member_index, node_at, order_sets,
+                         dependences_at, distribute_serialized, fuse_next_sibling, insert_mark, isolate_full_tiles, member_index, node_at, order_sets,
                          path_of)
 from .verify import check_subtree
 
@@ -90,13 +98,29 @@ def optimize(schedule: isl.Schedule, scop: Scop, deps: Dependences, target, opti
     that breaks one (or a step that refuses, such as a ``band_sink`` that would break one) gives way to
     :func:`simple_band`, and that too is checked (else the band stays as isl built it).
     """
-    count = len(bands(schedule))
     parallel = options.parallel and threads(options, target) > 1 and work(scop) >= PARALLEL_MIN_WORK
     everything = deps.all
     packings = []
-    for i in range(count):
+    i = -1
+    while (i := i + 1) < len(bands(schedule)):
         node = bands(schedule)[i]
         path, pending = path_of(node), dependences_at(node, everything)
+        try:  # loops isl serialized inside one member become loops of their own
+            distributed = distribute_serialized(node)
+            if distributed is not node:
+                check_subtree(distributed, pending, f"distribution on '{scop.name}'")
+                node = distributed
+                try:  # and the loops of the next group of statements over the same rows join them
+                    fused = fuse_next_sibling(node)
+                    if fused is not node:
+                        check_subtree(fused, dependences_at(fused, everything), f"fusion on '{scop.name}'")
+                        node, path = fused, path_of(fused)
+                        pending = dependences_at(node, everything)
+                except (isl.Error, CompileError):
+                    pass
+                node = _mark_distributed(node, scop, everything) if options.vectorize else node
+        except (isl.Error, CompileError):
+            pass
         for attempt in (optimize_band, None):
             try:
                 if attempt is None:
@@ -111,6 +135,32 @@ def optimize(schedule: isl.Schedule, scop: Scop, deps: Dependences, target, opti
             packings += [packing] if packing is not None else []
             break
     return schedule, tuple(packings)
+
+
+def _mark_distributed(outer: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap) -> isl.ScheduleNode:
+    """Mark ``vector`` the innermost loop of each statement's own loops below ``outer`` (the band
+    :func:`~polyc.poly.transforms.distribute_serialized` left) when it carries no dependence, or is a reduction
+    index of a reduction statement (the codegen's vector reduction; it checks the accesses itself)."""
+    path = path_of(outer)
+    schedule = outer.get_schedule()
+    by_name = {s.name: s for s in scop.statements}
+    for leaf in reversed(_leaf_bands(outer.child(0), None)):
+        band = node_at(schedule, leaf)
+        if band.band_n_member() > 1:
+            band = band_split(band, band.band_n_member() - 1).child(0)
+        sets = []
+        band.get_domain().foreach_set(sets.append)
+        if len(sets) != 1:
+            continue
+        stmt = by_name[sets[0].get_tuple_name()]
+        # a reduction that does not read its own tensor carries dependences only through its accumulator,
+        # along its reduction indices: the codegen's vector reduction (which checks the strides)
+        if not dependences_at(band, deps).is_empty() and (
+                stmt.op not in ("+=", "*=", "max=", "min=")
+                or any(a.tensor == stmt.tensor for a in accesses_in(stmt.rhs))):
+            continue
+        schedule = insert_mark(band, "vector").get_schedule()
+    return node_at(schedule, path)
 
 
 def simple_band(node: isl.ScheduleNode, options: Options, parallel: bool) -> isl.ScheduleNode:
@@ -476,9 +526,9 @@ def _branches(node: isl.ScheduleNode) -> bool:
     return any(node.child(k).get_type() in kinds or _branches(node.child(k)) for k in range(node.n_children()))
 
 
-def _leaf_bands(top: isl.ScheduleNode, width: int) -> list[tuple[int, ...]]:
-    """Paths of the bands of ``width`` members below ``top`` that have no band below them (the sunk
-    register-tile bands)."""
+def _leaf_bands(top: isl.ScheduleNode, width: int | None) -> list[tuple[int, ...]]:
+    """Paths of the bands of ``width`` members (None: any) below ``top`` that have no band below them (the
+    sunk register-tile bands)."""
     found = []
 
     def has_band_below(node):
@@ -486,7 +536,7 @@ def _leaf_bands(top: isl.ScheduleNode, width: int) -> list[tuple[int, ...]]:
                    for k in range(node.n_children()))
 
     def visit(node):
-        if node.get_type() == isl.schedule_node_type.band and node.band_n_member() == width \
+        if node.get_type() == isl.schedule_node_type.band and width in (None, node.band_n_member()) \
                 and not has_band_below(node):
             found.append(path_of(node))
             return

@@ -278,3 +278,93 @@ def node_at(schedule: isl.Schedule, path: tuple[int, ...]) -> isl.ScheduleNode:
     for k in path:
         node = node.child(k)
     return node
+
+
+def serialized_member(node: isl.ScheduleNode) -> int | None:
+    """The first non-coincident member ``k > 0`` of band ``node`` along which isl only *serializes* loops:
+    at least two statements run several values of it (two loops), and no statement's values interleave with
+    another's for equal outer members (a value of one strictly between two values of the other; statements
+    over the very same values, one fused loop, are distributed too: under the outer members a loop covers
+    one row). isl's
+    scheduler fuses, say, a softmax's max, exp and sum over a row into one member by shifting each next
+    loop past the previous one (``r0``, ``499 + i3``, ``499 + r0``): one loop whose iterations run one
+    statement or another, with guards, where distributing the member gives one plain loop per statement
+    under the shared outer members. None when the band has no such member."""
+    n = node.band_n_member()
+    coincident = band_coincident(node)
+    k = next((m for m in range(1, n) if not coincident[m]), None)
+    if k is None:
+        return None
+    domain = node.get_domain()
+    partial = node.band_get_partial_schedule_union_map().intersect_domain(domain)
+    maps, ranges = [], []  # per statement: { [outer members] -> [member k] }
+    partial.foreach_map(maps.append)
+    for m in maps:
+        image = m.range().project_out(isl.dim_type.set, k + 1, n - k - 1)
+        as_map = isl.Map.from_range(image).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, k)
+        if not as_map.range().is_singleton() and not as_map.is_single_valued():
+            ranges.append(as_map)
+    if len(ranges) < 2:
+        return None
+    between = isl.Set("{ [a, b, c] : a < b < c }")
+    for s in ranges:
+        for t in ranges:
+            if s is t or s.is_equal(t):  # one loop fused over the same values: distributed as well
+                continue
+            if not s.flat_range_product(t).flat_range_product(s).intersect_range(between).is_empty():
+                return None
+    return k
+
+
+def distribute_serialized(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Band ``node`` with the members from :func:`serialized_member` on split off and sunk to the leaves
+    below (``isl_schedule_node_band_split``, ``isl_schedule_node_band_sink``): each statement gets its own
+    loops in the order of the sequence below. Returns the (outer) band node; ``node`` itself when there is
+    nothing to distribute. The caller checks the result against the dependences."""
+    k = serialized_member(node)
+    if k is None:
+        return node
+    path = path_of(node)
+    inner = band_split(node, k).child(0)
+    return node_at(inner.band_sink().get_schedule(), path)
+
+
+def fuse_next_sibling(band: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Fuse the outer loops of ``band`` with those of the band of its next sibling in a sequence: when
+    ``band`` (``k`` members) sits under a sequence filter and the next filter holds a band whose first ``k``
+    members have the same extents, the ``k`` members of both move into one band above the sequence
+    (``isl_schedule_node_insert_partial_schedule`` of their union; the originals deleted or split,
+    ``isl_schedule_node_delete``, ``isl_schedule_node_band_split``). A softmax's division then runs on each
+    row right after the row's sums, while the row is in cache. Returns the new band node, or ``band`` when
+    there is nothing to fuse. The caller checks the result against the dependences."""
+    k = band.band_n_member()
+    filt = band.parent()
+    if filt.get_type() != isl.schedule_node_type.filter or not filt.has_parent() \
+            or filt.parent().get_type() != isl.schedule_node_type.sequence:
+        return band
+    seq, pos = filt.parent(), filt.get_child_position()
+    if pos + 1 >= seq.n_children() or band.get_tree_depth() != filt.get_tree_depth() + 1:
+        return band
+    other = seq.child(pos + 1).child(0)
+    if other.get_type() != isl.schedule_node_type.band or other.band_n_member() < k \
+            or band_extents(other)[:k] != band_extents(band) \
+            or band_coincident(other)[:k] != band_coincident(band):
+        return band
+    if seq.n_children() != 2:
+        return band
+    mine = band.band_get_partial_schedule()
+    theirs = other.band_get_partial_schedule()
+    if other.band_n_member() > k:
+        theirs = band_split(other, k).band_get_partial_schedule()
+    union = mine.union_add(theirs)
+    seq_path = path_of(seq)
+    # drop the k members below: the band itself, and the first k members of the sibling's band
+    schedule = band.delete().get_schedule()
+    node = node_at(schedule, seq_path + (pos + 1, 0))
+    if other.band_n_member() > k:
+        node = band_split(node, k)
+    schedule = node.delete().get_schedule()
+    fused = node_at(schedule, seq_path).insert_partial_schedule(union)
+    for m, c in enumerate(band_coincident(band)):
+        fused = fused.band_member_set_coincident(m, c)
+    return fused.band_set_permutable(1)

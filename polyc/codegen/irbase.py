@@ -1,0 +1,125 @@
+"""The LLVM IR vocabulary of the code generator: integer and float types per polyc dtype, constants and
+splats over scalars or vectors, declarations of external functions and LLVM intrinsics, ``freeze``, and IR
+names. Everything in :mod:`polyc.codegen` that builds IR uses these (through :mod:`polyc.codegen.expr`,
+which re-exports them)."""
+from __future__ import annotations
+
+import hashlib
+
+from llvmlite import ir
+
+from ..errors import CompileError
+
+I1 = ir.IntType(1)
+I8 = ir.IntType(8)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+PTR = ir.PointerType()
+FLOAT = ("float32", "float64")
+STORAGE = ("float16", "bfloat16")
+UNSIGNED = ("bool", "uint8", "uint16", "uint32", "uint64")
+_BITS = {"bool": 1, "int8": 8, "int16": 16, "int32": 32, "int64": 64,
+         "uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}
+_CONTRACT = ("contract",)
+
+
+#: Longest IR value or block name passed to llvmlite: LLVM truncates local names past 1024 characters, so two
+#: long names with a common prefix would collide ("multiple definition of local value").
+MAX_IR_NAME = 64
+
+
+def ir_name(name: str) -> str:
+    """``name`` as safe for an LLVM value, block or symbol name: unchanged when short and plain
+    (``[A-Za-z0-9_.]``, at most :data:`MAX_IR_NAME` characters), else a plain prefix and a hash of the whole
+    name, so distinct long identifiers (legal in the language) stay distinct and LLVM never truncates them."""
+    if len(name) <= MAX_IR_NAME and all(c.isascii() and (c.isalnum() or c in "_.") for c in name):
+        return name
+    prefix = "".join(c if c.isascii() and (c.isalnum() or c in "_.") else "_" for c in name[:MAX_IR_NAME - 17])
+    return f"{prefix}.{hashlib.sha1(name.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
+
+
+def scalar_type(dtype: str) -> ir.Type:
+    """The register type of one element: bool → i1, intN/uintN → iN, float32 → float, float64 → double,
+    float16 → half, bfloat16 → i16 (its bits: llvmlite has no bfloat type)."""
+    if dtype == "float32":
+        return ir.FloatType()
+    if dtype == "float64":
+        return ir.DoubleType()
+    if dtype == "float16":
+        return ir.HalfType()
+    if dtype == "bfloat16":
+        return ir.IntType(16)
+    return ir.IntType(_BITS[dtype])
+
+
+def llvm_type(dtype: str, lanes: int = 1) -> ir.Type:
+    """The register type of ``dtype``, a ``<lanes x T>`` vector when ``lanes > 1``."""
+    t = scalar_type(dtype)
+    return t if lanes == 1 else ir.VectorType(t, lanes)
+
+
+def memory_type(dtype: str) -> ir.Type:
+    """The in-memory element type (numpy layout): as :func:`scalar_type` but bool is one byte (i8)."""
+    return I8 if dtype == "bool" else scalar_type(dtype)
+
+
+def element_bytes(dtype: str) -> int:
+    """Bytes of one element in memory (numpy's itemsize; bool is 1)."""
+    return {"bool": 1, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(dtype) or _BITS[dtype] // 8
+
+
+# ---- small helpers on scalar-or-vector values ----
+
+def const(ty: ir.Type, value) -> ir.Constant:
+    """A constant of ``ty``, splatted when ``ty`` is a vector; ints are wrapped to the type's width."""
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [const(ty.element, value)] * ty.count)
+    if isinstance(ty, ir.IntType):
+        value = int(value) & ((1 << ty.width) - 1)
+        if ty.width > 1 and value >= 1 << (ty.width - 1):
+            value -= 1 << ty.width
+        return ir.Constant(ty, value)
+    return ir.Constant(ty, float(value))
+
+
+def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
+    """``<lanes x T>`` with every lane ``value`` (``insertelement`` + ``shufflevector``)."""
+    if lanes == 1:
+        return value
+    vty = ir.VectorType(value.type, lanes)
+    one = b.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+
+def _with_elem(ty: ir.Type, elem: ir.Type) -> ir.Type:
+    return ir.VectorType(elem, ty.count) if isinstance(ty, ir.VectorType) else elem
+
+
+def _elem(ty: ir.Type) -> ir.Type:
+    return ty.element if isinstance(ty, ir.VectorType) else ty
+
+
+def declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
+    """The function ``name`` of ``module``, declared with ``fnty`` if not yet there."""
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    return ir.Function(module, fnty, name)
+
+
+def intrinsic(module: ir.Module, base: str, ty: ir.Type, nargs: int) -> ir.Function:
+    """``llvm.<base>.<f32|f64|vNf32|vNf64>`` taking ``nargs`` values of ``ty`` and returning ``ty``.
+
+    Raises CompileError for an integer ``ty`` (sema converts the arguments of float builtins: a polyc bug)."""
+    if not isinstance(_elem(ty), (ir.FloatType, ir.DoubleType)):
+        raise CompileError(f"codegen: float intrinsic llvm.{base} on {ty}")
+    elem = "f32" if isinstance(_elem(ty), ir.FloatType) else "f64"
+    suffix = f"v{ty.count}{elem}" if isinstance(ty, ir.VectorType) else elem
+    return declare(module, f"llvm.{base}.{suffix}", ir.FunctionType(ty, [ty] * nargs))
+
+
+def freeze(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """LLVM's ``freeze``: poison (e.g. from an out-of-range ``fptosi``) becomes some fixed value."""
+    instr = ir.instructions.Instruction(b.block, value.type, "freeze", [value])
+    b._insert(instr)  # llvmlite has no builder method for freeze
+    return instr
