@@ -114,6 +114,26 @@ def test_batchnorm_folds_into_conv():
     assert ops_of(g) == ["Conv", "Pad"]  # the BatchNormalization folded; the padding is a node of its own
 
 
+@pytest.mark.parametrize("opset,per_channel", [(10, False), (13, False), (13, True), (21, True)])
+def test_dequantized_constant_weights_fold(opset, per_channel):
+    """A QDQ export's int8 weights with their DequantizeLinear fold into float32 weights (onnx's reference
+    evaluator has no DequantizeLinear before opset 19: polyc's own folder), so the Conv gets constant
+    weights; the folded model matches onnxruntime on the original."""
+    wq = RNG.integers(-128, 128, (8, 3, 3, 3)).astype(np.int8)
+    scale = RNG.uniform(0.001, 0.02, 8 if per_channel else ()).astype(np.float32)
+    zero = RNG.integers(-3, 4, 8 if per_channel else ()).astype(np.int8)
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"], **({"axis": 0} if per_channel else {})),
+             helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])]
+    model = make_model(nodes, [vi("x", [1, 3, 9, 9])], [vi("y", [1, 8, 9, 9])],
+                       [const("wq", wq), const("s", scale), const("z", zero)], opset=opset)
+    g = assert_same(model, {"x": RNG.standard_normal((1, 3, 9, 9)).astype(np.float32)}, rtol=1e-5, atol=1e-6)
+    assert "DequantizeLinear" not in ops_of(g) and "Conv" in ops_of(g)
+    folded = next(v for v in g.graph["constants"].values() if v.shape == wq.shape)
+    shape = (8, 1, 1, 1) if per_channel else ()
+    expected = (wq.astype(np.int64) - zero.reshape(shape)).astype(np.float32) * scale.reshape(shape)
+    np.testing.assert_array_equal(folded, expected)
+
+
 @pytest.mark.parametrize("shape,kernel,attrs,opset", [
     ((1, 3, 11), (3,), dict(pads=[1, 2]), 13),                                      # 1-D, uneven pads
     ((1, 3, 9, 8), (3, 3), dict(pads=[1, 1, 1, 1]), 9),                             # pads as a Pad attribute

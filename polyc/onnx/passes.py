@@ -125,15 +125,41 @@ def _gather_elements(d: dict, values: list) -> list:
     return [np.take_along_axis(view, indices, axis=axis)]
 
 
-#: Ops folded by polyc's own numpy code, where onnx's reference evaluator is wrong or limited.
-FOLDERS = {"GatherElements": _gather_elements}
+def _dequantize_linear(d: dict, values: list) -> list | None:
+    """DequantizeLinear with a float32 scale per tensor or per ``axis`` (default 1) and no ``block_size``:
+    ``(x - x_zero_point) * x_scale``, the difference exact in int64, then float32 (ONNX spec, opsets 10-25;
+    onnxruntime's order). onnx's reference evaluator implements only opsets 19 and later, so quantized
+    weights of an opset-10/13 model (QDQ exports) would otherwise reach the kernels as int8 and a
+    DequantizeLinear kernel. None for the other cases (the reference evaluator folds them)."""
+    x, scale = np.asarray(values[0]), np.asarray(values[1])
+    zero = np.asarray(values[2]) if len(values) > 2 and values[2] is not None else np.zeros((), x.dtype)
+    if scale.dtype != np.float32 or d["attrs"].get("block_size", 0) or scale.ndim > 1 \
+            or zero.shape != scale.shape or x.dtype.kind not in "iu":
+        return None
+    if scale.ndim == 1:
+        axis = int(d["attrs"].get("axis", 1))
+        axis = axis + x.ndim if axis < 0 else axis
+        if not 0 <= axis < x.ndim or x.shape[axis] != scale.size:
+            raise ValueError(f"DequantizeLinear: {scale.size} scales for axis {axis} of shape {x.shape}")
+        shape = [1] * x.ndim
+        shape[axis] = scale.size
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    diff = x.astype(np.int64) - zero.astype(np.int64)
+    return [(diff.astype(np.float32) * scale).astype(np.float32)]
+
+
+#: Ops folded by polyc's own numpy code, where onnx's reference evaluator is wrong or limited (a folder
+#: returning None leaves the node to the reference evaluator).
+FOLDERS = {"GatherElements": _gather_elements, "DequantizeLinear": _dequantize_linear}
 
 
 def evaluate_node(d: dict, values: list, opset: int) -> list:
     """Run one node on numpy inputs: polyc's own code for the ops in :data:`FOLDERS`, else
     :class:`onnx.reference.ReferenceEvaluator`. Any exception means the node cannot be evaluated."""
-    if d["op"] in FOLDERS and all(v is not None for v in values):
-        return FOLDERS[d["op"]](d, values)
+    if d["op"] in FOLDERS and values and values[0] is not None:
+        result = FOLDERS[d["op"]](d, values)
+        if result is not None:
+            return result
     if d["op"] == "Constant":
         a = d["attrs"]
         for key in ("value", "value_float", "value_int"):
