@@ -43,6 +43,7 @@ from .options import Options
 from .poly.astbuild import ast_to_c, build_ast
 from .poly.build import build_scop, checked_reads
 from .poly.deps import compute_dependences
+from .poly import schedule as schedule_module
 from .poly.schedule import compute_schedule
 from .poly.promote import promote
 from .poly.strategy import optimize
@@ -446,12 +447,14 @@ class Kernel:
                 cache.remove(disk_key)
                 compiled = None
         if compiled is None:
+            cut_before = schedule_module.cut_off
             stages = compile_stages(self.checked, sizes, options, self.target)
             tensors = [TensorSpec(t.name, t.dtype, tuple(t.shape), t.role) for t in stages.scop.tensors
                        if t.role != "local"]
             compiled = Compiled(self, sizes, options, tensors, stages.jit, stages)
-            cache.store(disk_key, {"object": stages.jit.object_code,
-                                   "tensors": [(t.name, t.dtype, t.shape, t.role) for t in tensors]})
+            if schedule_module.cut_off == cut_before:  # else a fallback of a loaded moment: not for good
+                cache.store(disk_key, {"object": stages.jit.object_code,
+                                       "tensors": [(t.name, t.dtype, t.shape, t.role) for t in tensors]})
         debug.log(f"{self.name} {sizes}: ready in {(time.perf_counter() - t) * 1e3:.1f} ms "
                   f"({'disk cache' if entry is not None and compiled._stages is None else 'compiled'})")
         return compiled
@@ -660,6 +663,7 @@ def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_
             debug.log(f"cache: program {name} unusable ({exc}); rebuilding")
             cache.remove(key)
     started = time.perf_counter()
+    cut_before = schedule_module.cut_off
     module = new_module(target)
     for index, (symbol, (k, sizes)) in enumerate(zip(symbols, kernels)):
         t = time.perf_counter()
@@ -671,6 +675,7 @@ def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_
     t = time.perf_counter()
     jit = compile_module(str(module), target, options.opt_level)
     debug.log_stage("link", "", t)
-    cache.store(key, {"object": jit.object_code})
+    if schedule_module.cut_off == cut_before:  # see polyc.poly.schedule.cut_off
+        cache.store(key, {"object": jit.object_code})
     debug.log(f"program {name}: {len(kernels)} kernels linked in {(time.perf_counter() - started):.2f} s")
     return NativeProgram(name, jit, symbols, n_slots, False)

@@ -331,3 +331,20 @@ def test_serialized_row_loops_are_distributed_and_fused(n):
     np.testing.assert_allclose(compiled(x), e / e.sum(-1, keepdims=True), rtol=2e-6, atol=1e-7)
     naive = k.specialize(x, options=polyc.Options.naive())
     np.testing.assert_allclose(compiled(x), naive(x), rtol=2e-6, atol=1e-7)
+
+
+def test_a_compile_the_time_box_cut_off_is_not_cached(monkeypatch, tmp_path):
+    """What a scheduler run cut off by the time box gets depends on the machine's load: the kernel (and a
+    model's program) compiled then is correct but not stored, so the next compile tries again and is."""
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(schedule_module, "TIME_BOX", 0.0)
+    monkeypatch.setattr(schedule_module, "IN_PROCESS_OPERATIONS", 1)
+    x = np.random.default_rng(5).standard_normal((3, 11, 37)).astype(np.float32)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    loaded = polyc.define(SOFTMAX_ROWS).specialize(x)
+    np.testing.assert_allclose(loaded(x), e / e.sum(-1, keepdims=True), rtol=2e-6, atol=1e-7)
+    assert not list(tmp_path.glob("*.polyc"))
+    monkeypatch.setattr(schedule_module, "TIME_BOX", 3.0)
+    monkeypatch.setattr(schedule_module, "IN_PROCESS_OPERATIONS", 30_000)
+    polyc.define(SOFTMAX_ROWS).specialize(x)
+    assert list(tmp_path.glob("*.polyc"))

@@ -184,8 +184,16 @@ def _boxed(constraints: str, fusion: str, constant: int | None, max_operations: 
         except ChildProcessError:  # SIGCHLD ignored by the host program: the child was reaped already
             status = 0 if finished else 1
     if not finished or status != 0:
+        global cut_off
+        cut_off += 1
         return ""
     return b"".join(chunks).decode()
+
+
+#: How many scheduler runs the time box has cut off in this process. What such a compile gets depends on
+#: the machine's load (a fallback schedule), so the kernel and program caches do not store a compile during
+#: which this grew: the next compile tries again (a fallback once cached stayed, 1.5x slower, for good).
+cut_off = 0
 
 
 def read_after_read(scop: Scop, deps: Dependences) -> isl.UnionMap:
