@@ -186,7 +186,7 @@ def isolate_full_tiles(tile: isl.ScheduleNode, points=None, members=None) -> isl
         # widen to every tile, and no full tile would be separated. Its convex hull ("c2 + c6 <= 968") is
         # often exact on the tiles' lattice: use it when it holds no tile that is not full.
         hull = isl.Set.from_basic_set(full.convex_hull())
-        if hull.intersect(bad).is_empty() if bad is not None else True:
+        if hull.intersect(bad).is_empty():
             full = hull
     option = isl.Map.from_range(full).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, n_keep - n_tile)
     option = option.wrap().set_tuple_name("isolate")
@@ -285,8 +285,7 @@ def serialized_member(node: isl.ScheduleNode) -> int | None:
     at least two statements run several values of it (two loops), and no statement's values interleave with
     another's for equal outer members (a value of one strictly between two values of the other; statements
     over the very same values, one fused loop, are distributed too: under the outer members a loop covers
-    one row). isl's
-    scheduler fuses, say, a softmax's max, exp and sum over a row into one member by shifting each next
+    one row). isl's scheduler fuses, say, a softmax's max, exp and sum over a row into one member by shifting each next
     loop past the previous one (``r0``, ``499 + i3``, ``499 + r0``): one loop whose iterations run one
     statement or another, with guards, where distributing the member gives one plain loop per statement
     under the shared outer members. None when the band has no such member."""
@@ -331,8 +330,8 @@ def distribute_serialized(node: isl.ScheduleNode) -> isl.ScheduleNode:
 
 def fuse_next_sibling(band: isl.ScheduleNode) -> isl.ScheduleNode:
     """Fuse the outer loops of ``band`` with those of the band of its next sibling in a sequence: when
-    ``band`` (``k`` members) sits under a sequence filter and the next filter holds a band whose first ``k``
-    members have the same extents, the ``k`` members of both move into one band above the sequence
+    ``band`` (``k`` members) sits under a two-child sequence's first filter and the second holds a band
+    whose first ``k`` members have the same extents, the ``k`` members of both move into one band above the sequence
     (``isl_schedule_node_insert_partial_schedule`` of their union; the originals deleted or split,
     ``isl_schedule_node_delete``, ``isl_schedule_node_band_split``). A softmax's division then runs on each
     row right after the row's sums, while the row is in cache. Returns the new band node, or ``band`` when
@@ -343,7 +342,7 @@ def fuse_next_sibling(band: isl.ScheduleNode) -> isl.ScheduleNode:
             or filt.parent().get_type() != isl.schedule_node_type.sequence:
         return band
     seq, pos = filt.parent(), filt.get_child_position()
-    if pos + 1 >= seq.n_children() or band.get_tree_depth() != filt.get_tree_depth() + 1:
+    if pos + 1 >= seq.n_children():
         return band
     other = seq.child(pos + 1).child(0)
     if other.get_type() != isl.schedule_node_type.band or other.band_n_member() < k \
@@ -353,9 +352,7 @@ def fuse_next_sibling(band: isl.ScheduleNode) -> isl.ScheduleNode:
     if seq.n_children() != 2:
         return band
     mine = band.band_get_partial_schedule()
-    theirs = other.band_get_partial_schedule()
-    if other.band_n_member() > k:
-        theirs = band_split(other, k).band_get_partial_schedule()
+    theirs = (band_split(other, k) if other.band_n_member() > k else other).band_get_partial_schedule()
     union = mine.union_add(theirs)
     seq_path = path_of(seq)
     # drop the k members below: the band itself, and the first k members of the sibling's band
