@@ -50,8 +50,8 @@ from .affine import accesses_in, element_stride
 from .deps import Dependences
 from .scop import PolyStatement, Scop
 from .transforms import (band_coincident, band_extents, band_permute, band_sink, band_split, band_tile, bands,
-                         dependences_at, distribute_serialized, fuse_next_sibling, insert_mark, isolate_full_tiles, member_index, node_at, order_sets,
-                         path_of)
+                         branches_below, dependences_at, distribute_bands, distribute_serialized, fuse_next_sibling,
+                         insert_mark, isolate_full_tiles, member_index, node_at, order_sets, path_of)
 from .verify import check_subtree
 
 #: The largest element stride of a read along the vector loop that codegen vectorizes (strided loads).
@@ -464,7 +464,7 @@ def _vector_innermost(point: isl.ScheduleNode, deps: isl.UnionMap) -> isl.Schedu
     if point.band_n_member() > 1:
         point = band_split(point, point.band_n_member() - 1).child(0)
     path = path_of(point)
-    if not _branches(point):
+    if not branches_below(point):
         return insert_mark(point, "vector")
     schedule = band_sink(point, deps).get_schedule()
     for leaf in reversed(_leaf_bands(node_at(schedule, path), 1)):
@@ -483,15 +483,12 @@ def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: i
     node = isolate_full_tiles(band_tile(node, [mr, nr] if has_u else [nr]))
     inner = node.child(0)  # [ur, vr]
     inner_path = path_of(inner)
-    # sink every band below [ur, vr] (the reduction band and any band isl nested under the outer one), top
-    # down, then [ur, vr] itself: band_sink puts a band at the bottom of each leaf, so every statement
-    # ends with its own copy of the loops in the original order, then ur, vr
-    # (each sink alone may run a dependence backwards, as sinking a reduction band below the band of the
-    # next reduction index does: the whole is checked; sets below are ordered first, see band_sink)
+    # distribute the loops below [ur, vr] (the reduction band and any band isl nested under the outer one,
+    # also under a sequence) over the statements, then sink [ur, vr] itself: every statement ends with its
+    # own copy of the loops in the original order, then ur, vr (the whole is checked; sets below are
+    # ordered first, see band_sink)
     pending = dependences_at(inner, deps)
-    below = order_sets(inner, pending).child(0)
-    while below.get_type() == isl.schedule_node_type.band and _branches(below):
-        below = below.band_sink()
+    below = distribute_bands(order_sets(inner, pending).child(0))
     inner = node_at(below.get_schedule(), inner_path).band_sink()
     check_subtree(inner, pending, "register tile (band_sink)")
     schedule = inner.get_schedule()
@@ -518,12 +515,6 @@ def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: i
             band = insert_mark(band_split(band, 1), "unroll").child(0)
         schedule = insert_mark(band, "vector").get_schedule()
     return node_at(schedule, tile_path)
-
-
-def _branches(node: isl.ScheduleNode) -> bool:
-    """Whether the subtree below ``node`` holds a sequence or set (where ``band_sink`` distributes loops)."""
-    kinds = (isl.schedule_node_type.sequence, isl.schedule_node_type.set)
-    return any(node.child(k).get_type() in kinds or _branches(node.child(k)) for k in range(node.n_children()))
 
 
 def _leaf_bands(top: isl.ScheduleNode, width: int | None) -> list[tuple[int, ...]]:

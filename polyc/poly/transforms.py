@@ -263,6 +263,59 @@ def band_sink(node: isl.ScheduleNode, deps: isl.UnionMap) -> isl.ScheduleNode:
     return sunk
 
 
+def distribute_bands(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """Loop distribution of the whole subtree of ``node``: every sequence and set moves above every band,
+    and below the last of them each leaf keeps the bands of its root-to-leaf path in their original order
+    (so a chain ``[r0]`` over a sequence whose first branch holds ``[r1] [r2]`` becomes, for that branch's
+    statements, ``[r0] [r1] [r2]``: isl's ``band_sink`` alone would leave ``[r1] [r2] [r0]``). Bottom up:
+    each band with a branch below is sunk (``isl_schedule_node_band_sink``) to the bottom of the chains of
+    bands under the branches, then rotated to the top of each chain by sinking the chain's bands once
+    each. The caller checks the dependences (as for :func:`band_sink`; sets below should be ordered first,
+    :func:`order_sets`). Returns the node at ``node``'s position."""
+    path = path_of(node)
+    schedule = node.get_schedule()
+    for here in reversed(_preorder_bands(node)):  # deepest first: the subtree below each is done
+        band = node_at(schedule, here)
+        if not branches_below(band):
+            continue
+        at = len(here)  # the band's child takes its place: paths below lose one step
+        chains = [(top[:at] + top[at + 1:], length) for top, length in _bottom_chains(band.child(0))]
+        schedule = band.band_sink().get_schedule()
+        for top, length in chains:  # the sunk copy is last in each chain: the chain's bands go below it
+            for _ in range(length):
+                schedule = node_at(schedule, top).band_sink().get_schedule()
+    return node_at(schedule, path)
+
+
+def _preorder_bands(node: isl.ScheduleNode) -> list[tuple[int, ...]]:
+    """Paths of the bands in the subtree of ``node``, ``node`` included, in pre-order."""
+    found = [path_of(node)] if node.get_type() == isl.schedule_node_type.band else []
+    for k in range(node.n_children()):
+        found += _preorder_bands(node.child(k))
+    return found
+
+
+def branches_below(node: isl.ScheduleNode) -> bool:
+    """Whether the subtree below ``node`` holds a sequence or set."""
+    kinds = (isl.schedule_node_type.sequence, isl.schedule_node_type.set)
+    return any(node.child(k).get_type() in kinds or branches_below(node.child(k))
+               for k in range(node.n_children()))
+
+
+def _bottom_chains(node: isl.ScheduleNode) -> list[tuple[tuple[int, ...], int]]:
+    """The chains of bands below the last sequence or set of each path of the subtree of ``node``: the path
+    of each chain's first band and its number of bands (chains without a band are left out)."""
+    if not branches_below(node) and node.get_type() not in (isl.schedule_node_type.sequence,
+                                                              isl.schedule_node_type.set):
+        first, count, here = None, 0, node
+        while here.n_children():
+            if here.get_type() == isl.schedule_node_type.band:
+                first, count = first or path_of(here), count + 1
+            here = here.child(0)
+        return [(first, count)] if count else []
+    return [chain for k in range(node.n_children()) for chain in _bottom_chains(node.child(k))]
+
+
 def path_of(node: isl.ScheduleNode) -> tuple[int, ...]:
     """The child positions leading from the root to ``node``."""
     path = []
