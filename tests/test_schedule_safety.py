@@ -24,6 +24,7 @@ from polyc.poly import schedule as schedule_module
 from polyc.poly.build import build_scop
 from polyc.poly.deps import compute_dependences
 from polyc.poly.schedule import compute_schedule, identity_schedule
+from polyc.poly import strategy
 from polyc.poly.strategy import optimize
 from polyc.poly.transforms import band_sink, bands, order_sets
 from polyc.poly.verify import check_schedule
@@ -365,6 +366,32 @@ def test_reduction_bands_under_a_sequence_keep_their_order_in_the_register_tile(
     np.testing.assert_allclose(compiled(x, w, b), y, rtol=1e-4, atol=1e-5)
     naive = kernel.specialize(x, w, b, options=polyc.Options.naive())
     np.testing.assert_allclose(compiled(x, w, b), naive(x, w, b), rtol=1e-5, atol=1e-6)
+
+
+def test_register_tile_rows_fit_the_partial_tile_in_half_the_registers():
+    """MR x (registers one tile row takes) stays within half the vector registers, also for the last,
+    partial tile of the vector member, which codegen runs as power-of-two pieces."""
+    assert strategy.row_registers(32, 16) == 2 and strategy.row_registers(28, 16) == 3
+    assert strategy.row_registers(12, 8) == 2 and strategy.row_registers(7, 8) == 3
+    options = polyc.Options()
+    assert strategy.register_tile_sizes(options, 8, 16) == (4, 16)              # AVX2
+    assert strategy.register_tile_sizes(options, 16, 32) == (8, 32)             # AVX-512
+    assert strategy.register_tile_sizes(options, 16, 32, width=64) == (8, 32)   # only full tiles
+    assert strategy.register_tile_sizes(options, 16, 32, width=28) == (5, 32)   # 16 + 8 + 4
+    assert strategy.register_tile_sizes(options, 8, 16, width=28) == (4, 16)    # 16, then 8 + 4
+    assert strategy.register_tile_sizes(options, 8, 16, width=7) == (2, 16)     # 4 + 2 + 1
+    assert strategy.register_tile_sizes(polyc.Options(register_tile_sizes=(3,)), 16, 32, width=28) == (3, 32)
+    # and the kernel it gives (5 rows on an AVX-512 host, a partial row tile over 64 channels) is right
+    src = """def conv(float(1,C,H,W) X, float(K,C,3,3) Wt) -> (Y) {
+        Y(n, k, h, w) +=! X(n, c, h + r, w + s) * Wt(k, c, r, s)
+        Y(n, k, h, w) = max(Y(n, k, h, w), 0.0)
+    }"""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, 16, 30, 30)).astype(np.float32)
+    w = rng.standard_normal((64, 16, 3, 3)).astype(np.float32)
+    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))  # (1, 16, 28, 28, 3, 3)
+    expected = np.maximum(np.einsum("nchwrs,kcrs->nkhw", windows, w), 0)
+    np.testing.assert_allclose(polyc.define(src).specialize(x, w)(x, w), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_a_compile_the_time_box_cut_off_is_not_cached(monkeypatch, tmp_path):

@@ -240,19 +240,36 @@ def jump_bytes(read: L.Access, indices, stmt: PolyStatement, scop: Scop) -> int:
 
 # ---- steps 2-5 ----------------------------------------------------------------------------------------
 
-def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: int = 16) -> tuple[int, int]:
-    """``(MR, NR)``: the option, else NR = two vectors (``2 * vector_lanes`` elements) and
-    ``MR = vector_registers // 4`` rows: the ``2 * MR`` accumulators take half the vector registers, the
-    other half holds the vector operand's rows and broadcasts the backend keeps in flight (LLVM unrolls a
-    convolution's window loops and hoists their loads). 4 rows on AVX2 (16 registers), 8 on AVX-512 (32):
-    at least the 8 independent accumulators that hide an FMA latency of 4 cycles on 2 pipes, and a divisor
-    of the usual channel counts. Measured (``scripts/bench_kernels.py``-style sweep, 1 thread, Zen 5 and
-    its AVX2 mode): the fuller tiles that fit in theory, ``(registers - 3) // 2`` (6 and 14), spill on
-    AVX-512 and lose up to 2x on 3x3 convolutions on both, while GEMM is within a few percent either way."""
+def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: int = 16,
+                        width: int | None = None) -> tuple[int, int]:
+    """``(MR, NR)``: the option, else NR = two vectors (``2 * vector_lanes`` elements) and MR rows such that
+    the ``MR x pieces`` accumulators take half the vector registers, the other half holding the vector
+    operand's rows and the broadcasts the backend keeps in flight (LLVM unrolls a convolution's window loops
+    and hoists their loads). ``pieces`` is the number of registers one row of a tile takes
+    (:func:`row_registers`): 2 for a full tile (so MR = ``vector_registers // 4``: 4 rows on AVX2 with 16
+    registers, 8 on AVX-512 with 32: at least the 8 independent accumulators that hide an FMA latency of 4
+    cycles on 2 pipes), more for the last, partial tile of a vector member of extent ``width``, which codegen
+    runs as power-of-two pieces (28 float32 with 16 lanes: 16 + 8 + 4, three registers, so 5 rows on
+    AVX-512). Measured (1 thread, Zen 4, AVX2 and AVX-512): the fuller tiles that fit in theory,
+    ``(registers - 3) // 2`` (6 and 14), spill and lose up to 2x on 3x3 convolutions on both, while GEMM is
+    within a few percent either way; a 64-channel 3x3 convolution at 28x28 with 8 rows of three pieces spills
+    an accumulator in its inner loop and runs at 0.62 or 1.25 ms from one process to the next (where the
+    stack falls), with 5 rows 0.61 ms in every process."""
     if options.register_tile_sizes:
         sizes = tuple(options.register_tile_sizes) + (2 * vector_lanes,)
         return sizes[0], sizes[1]
-    return max(1, vector_registers // 4), 2 * vector_lanes
+    nr = 2 * vector_lanes
+    pieces = row_registers(nr, vector_lanes)
+    if width is not None and width % nr:
+        pieces = max(pieces, row_registers(width % nr, vector_lanes))
+    return max(1, vector_registers // 2 // pieces), nr
+
+
+def row_registers(width: int, vector_lanes: int) -> int:
+    """The registers one row of ``width`` elements takes in codegen's vector loop
+    (:func:`polyc.codegen.vector.emit_vector_for`): whole vectors, then one step of each narrower
+    power-of-two width, the last element scalar."""
+    return width // vector_lanes + bin(width % vector_lanes).count("1")
 
 
 def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target, mr: int, nr: int,
@@ -322,7 +339,8 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     stream = v is not None and u is None and bool(R) and streams_rows(node, stmt, scop, v, R)
     order = P + [k for k in (u, v) if k is not None] + R
     extents = band_extents(node)
-    mr, nr = register_tile_sizes(options, lanes(scop, target), getattr(target, "vector_registers", 16))
+    mr, nr = register_tile_sizes(options, lanes(scop, target), getattr(target, "vector_registers", 16),
+                                 extents[v] if v is not None else None)
     itemsize = _itemsize(scop.tensor(stmt.tensor).dtype)
     in_band = {member_index(node, k, stmt) for k in range(n)}
     depth = 1
