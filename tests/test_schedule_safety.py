@@ -369,8 +369,9 @@ def test_reduction_bands_under_a_sequence_keep_their_order_in_the_register_tile(
 
 
 def test_register_tile_rows_fit_the_partial_tile_in_half_the_registers():
-    """MR x (registers one tile row takes) stays within half the vector registers, also for the last,
-    partial tile of the vector member, which codegen runs as power-of-two pieces."""
+    """MR x (registers one tile row takes) stays within half the vector registers, also when the vector
+    member is narrower than a tile, so its one tile is a partial one that codegen runs as power-of-two
+    pieces."""
     assert strategy.row_registers(32, 16) == 2 and strategy.row_registers(28, 16) == 3
     assert strategy.row_registers(12, 8) == 2 and strategy.row_registers(7, 8) == 3
     options = polyc.Options()
@@ -378,8 +379,9 @@ def test_register_tile_rows_fit_the_partial_tile_in_half_the_registers():
     assert strategy.register_tile_sizes(options, 16, 32) == (8, 32)             # AVX-512
     assert strategy.register_tile_sizes(options, 16, 32, width=64) == (8, 32)   # only full tiles
     assert strategy.register_tile_sizes(options, 16, 32, width=28) == (5, 32)   # 16 + 8 + 4
-    assert strategy.register_tile_sizes(options, 8, 16, width=28) == (4, 16)    # 16, then 8 + 4
+    assert strategy.register_tile_sizes(options, 8, 16, width=12) == (4, 16)    # 8 + 4
     assert strategy.register_tile_sizes(options, 8, 16, width=7) == (2, 16)     # 4 + 2 + 1
+    assert strategy.register_tile_sizes(options, 8, 16, width=55) == (4, 16)    # full tiles first
     assert strategy.register_tile_sizes(polyc.Options(register_tile_sizes=(3,)), 16, 32, width=28) == (3, 32)
     # and the kernel it gives (5 rows on an AVX-512 host, a partial row tile over 64 channels) is right
     src = """def conv(float(1,C,H,W) X, float(K,C,3,3) Wt) -> (Y) {

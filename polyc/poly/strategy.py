@@ -248,9 +248,11 @@ def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: i
     and hoists their loads). ``pieces`` is the number of registers one row of a tile takes
     (:func:`row_registers`): 2 for a full tile (so MR = ``vector_registers // 4``: 4 rows on AVX2 with 16
     registers, 8 on AVX-512 with 32: at least the 8 independent accumulators that hide an FMA latency of 4
-    cycles on 2 pipes), more for the last, partial tile of a vector member of extent ``width``, which codegen
-    runs as power-of-two pieces (28 float32 with 16 lanes: 16 + 8 + 4, three registers, so 5 rows on
-    AVX-512). Measured (1 thread, Zen 4, AVX2 and AVX-512): the fuller tiles that fit in theory,
+    cycles on 2 pipes), more when a vector member of extent ``width`` is narrower than NR, so its one tile is
+    a partial one, which codegen runs as power-of-two pieces (28 float32 with 16 lanes: 16 + 8 + 4, three
+    registers, so 5 rows on AVX-512). A wider member keeps the full tiles' MR for its last, partial tile as
+    well (on AVX2, 55 columns as 16 + 16 + 16 + 7: 2 rows for the sake of the 7 made a 3x3 convolution 1.7x
+    slower). Measured (1 thread, Zen 4, AVX2 and AVX-512): the fuller tiles that fit in theory,
     ``(registers - 3) // 2`` (6 and 14), spill and lose up to 2x on 3x3 convolutions on both, while GEMM is
     within a few percent either way; a 64-channel 3x3 convolution at 28x28 with 8 rows of three pieces spills
     an accumulator in its inner loop and runs at 0.62 or 1.25 ms from one process to the next (where the
@@ -260,8 +262,8 @@ def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: i
         return sizes[0], sizes[1]
     nr = 2 * vector_lanes
     pieces = row_registers(nr, vector_lanes)
-    if width is not None and width % nr:
-        pieces = max(pieces, row_registers(width % nr, vector_lanes))
+    if width is not None and width < nr:
+        pieces = max(pieces, row_registers(width, vector_lanes))
     return max(1, vector_registers // 2 // pieces), nr
 
 
