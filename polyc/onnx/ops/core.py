@@ -141,6 +141,14 @@ CHANNELS_LAST_MAX_WIDTH = 16
 CHANNELS_LAST_MIN_CHANNELS = 32
 
 
+def channels_last(out_shape, group: int, constant_weights: bool) -> bool:
+    """Whether :func:`conv` computes a convolution of output shape ``out_shape`` (N, M, spatial..)
+    channels-last: group 1, constant weights, an output narrower than CHANNELS_LAST_MAX_WIDTH and at
+    least CHANNELS_LAST_MIN_CHANNELS output channels."""
+    return (group == 1 and len(out_shape) >= 3 and out_shape[-1] < CHANNELS_LAST_MAX_WIDTH
+            and out_shape[1] >= CHANNELS_LAST_MIN_CHANNELS and constant_weights)
+
+
 def conv(b: Builder, node):
     """Conv (1-D/2-D/3-D): pads, strides, dilations, group, auto_pad; padding reads guarded by ``?:``.
 
@@ -158,8 +166,7 @@ def conv(b: Builder, node):
     nsp, kernel, strides, dil = spatial_params(b, node, x, tuple(b.tensors[weights].shape))
     pb = pads_begin(node, x.shape[2:], ys[2:], kernel, strides, dil)
     group = attr(node, "group", 1)
-    if (group == 1 and nsp >= 1 and ys[-1] < CHANNELS_LAST_MAX_WIDTH and ys[1] >= CHANNELS_LAST_MIN_CHANNELS
-            and weights in b.consts):
+    if channels_last(ys, group, weights in b.consts):
         wt = b.constant_table(np.ascontiguousarray(np.moveaxis(np.asarray(b.consts[weights]), 0, -1)), "wT")
         return [_conv_channels_last(b, x, wt, b.input(node, 2), ys, kernel, strides, dil, pb)]
     w, bias = b.input(node, 1), b.input(node, 2)
