@@ -12,6 +12,7 @@ from polyc.onnx.fusion import fusion_groups, groups_summary
 from polyc.onnx.load import load_model
 from polyc.onnx.lower import lower_groups
 from polyc.onnx.memory import plan_memory
+from polyc.onnx.ops import core
 
 
 def simplified(path_or_model):
@@ -38,12 +39,17 @@ def test_resnet_groups_fuse_conv_bias_residual_relu(resnet):
 
 def test_lowered_conv_writes_in_place_and_identical_groups_share_text(resnet):
     _, _, kernels = resnet
-    first = next(k.source for k in kernels if k and "float(64,64,3,3)" in k.source)
+    first = next(k.source for k in kernels if k and "(float(1,64,56,56) Y0)" in k.source and "+=!" in k.source
+                 and "+r1" in k.source)  # the 3x3 convolution over 64 channels at 56x56
     # the input comes padded by its own Pad kernel (explicit_conv_padding): 56 + 2, and no guarded read
-    assert first.startswith("def onnx_conv_relu(float(1,64,58,58) X0, float(64,64,3,3) X1, float(64) X2) -> "
-                            "(float(1,64,56,56) Y0)")
-    assert "Y0(i0, i1, i2, i3) +=! " in first and "Y0(i0, i1, i2, i3) = max((Y0(i0, i1, i2, i3) + X2(i1)), 0.0)" in first
-    assert "X0(i0, r0, i2+r1, i3+r2)" in first and "?" not in first
+    assert first.startswith("def onnx_conv_relu(float(1,64,58,58) X0, ") and "?" not in first
+    if core.channels_last((1, 64, 56, 56), 1, True, (3, 3)):  # accumulated in T0(n, h, w, m), read back
+        assert "float(64,3,3,64) X1" in first and "T0(i0, i1, i2, i3) +=! X0(i0, r0, i1+r1, i2+r2) * " \
+            "X1(r0, r1, r2, i3)" in first
+        assert "Y0(i0, i1, i2, i3) = max((T0(i0, i2, i3, i1) + X2(i1)), 0.0)" in first
+    else:  # NCHW: accumulated in the output itself
+        assert "Y0(i0, i1, i2, i3) +=! " in first and "X0(i0, r0, i2+r1, i3+r2)" in first
+        assert "Y0(i0, i1, i2, i3) = max((Y0(i0, i1, i2, i3) + X2(i1)), 0.0)" in first
     assert len({k.source for k in kernels if k}) < sum(k is not None for k in kernels)
 
 
@@ -66,6 +72,41 @@ def test_memory_plan_never_overlaps_live_tensors(name):
                 assert o1 + s1 <= o2 or o2 + s2 <= o1
     assert plan.arena_bytes <= plan.total_bytes
     assert "arena" in str(plan)
+
+
+def test_diamonds_of_elementwise_nodes_fuse_into_the_anchor():
+    """A tensor read by several elementwise nodes that meet again (GELU's Div, Erf, Add, Mul, Mul after a
+    MatMul + bias; x * sigmoid(x) after a Conv) fuses whole into the anchor's group; a diamond that does not
+    close (a reader that is no elementwise node) stops the group there. Results match onnxruntime."""
+    import onnxruntime as ort
+    rng = np.random.default_rng(5)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    inits = [numpy_helper.from_array(a, n) for n, a in [("w", f(16, 24)), ("bias", f(24)), ("sq2", np.float32(1.4142135)),
+                                                         ("one", np.float32(1.0)), ("half", np.float32(0.5)),
+                                                         ("k", f(8, 3, 3, 3))]]
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["m"]), helper.make_node("Add", ["m", "bias"], ["x"]),
+             helper.make_node("Div", ["x", "sq2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["x", "e1"], ["xe"]),
+             helper.make_node("Mul", ["xe", "half"], ["gelu"]),
+             helper.make_node("Conv", ["i", "k"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["silu"]),
+             helper.make_node("Relu", ["silu"], ["r"]), helper.make_node("MaxPool", ["silu"], ["p"], kernel_shape=[2, 2])]
+    graph = helper.make_graph(nodes, "d", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [5, 16]),
+                                           helper.make_tensor_value_info("i", TensorProto.FLOAT, [1, 3, 9, 9])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
+                               (("gelu", [5, 24]), ("r", [1, 8, 9, 9]), ("p", [1, 8, 8, 8]))],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    g = simplified(model)
+    kernels = sorted("+".join(gr.ops) for gr in fusion_groups(g) if gr.kind == "kernel")
+    assert kernels == ["Conv+Sigmoid+Mul", "MatMul+Add+Div+Erf+Add+Mul+Mul", "MaxPool", "Pad", "Relu"]
+    feeds = {"a": f(5, 16), "i": f(1, 3, 9, 9)}
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    expected = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for got, want in zip(polyc.onnx.compile(model, progress=False).run(feeds), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def _relu_model(shape=(2, 3), elem=TensorProto.FLOAT):
@@ -141,5 +182,25 @@ def test_narrow_convolutions_compute_channels_last(resnet):
         assert table.shape[-1] == 512 and table.ndim == 4
         assert "T0(i0, i1, i2, i3) +=! " in k.source  # T0(n, h, w, m)
         assert "Y0(i0, i1, i2, i3) = " in k.source and "T0(i0, i2, i3, i1)" in k.source
-    wide = next(k for k in kernels if k and "float(64,64,3,3)" in k.source)
-    assert not any("_wT_" in n for n in wide.constants)  # 56 columns: NCHW as written
+    wide = next(k for k in kernels if k and "(float(1,64,56,56) Y0)" in k.source and "+=!" in k.source
+                and "+r1" in k.source)  # the 3x3 convolution over 64 channels at 56x56
+    # 56 columns in tiles of 16 (AVX2) or 32 (AVX-512) leave 8 of 64 lanes empty; 64 channels fill them
+    assert any("_wT_" in n for n in wide.constants) == core.channels_last((1, 64, 56, 56), 1, True, (3, 3))
+    one = next(k for k in kernels if k and "float(256,64,1,1)" in k.source)
+    assert not any("_wT_" in n for n in one.constants)  # a 1x1 conv over a wide image: NCHW as written
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_channels_last_when_channels_fill_the_vectors_and_the_width_does_not(monkeypatch, lanes):
+    monkeypatch.setattr(core, "vector_lanes", lambda dtype: lanes)
+    nr = 2 * lanes
+    assert core.channels_last((1, 64, 28, 28), 1, True, (3, 3))          # 28 of 32 lanes
+    assert core.channels_last((1, 128, 56, 56), 1, True, (3, 3))         # 56 of 64
+    assert not core.channels_last((1, 64, 28, 28), 1, True, (1, 1))      # 1x1: the flattened image decides
+    assert not core.channels_last((1, 40, 28, 28), 1, True, (3, 3))      # 40 channels: a half tile
+    assert not core.channels_last((1, 64, 28, 28), 2, True, (3, 3))      # grouped
+    assert not core.channels_last((1, 64, 28, 28), 1, False, (3, 3))     # weights at run time
+    assert not core.channels_last((1, 16, 7, 7), 1, True, (3, 3))        # too few channels
+    assert core.channels_last((1, 32, 7, 7), 1, True, (1, 1))            # narrower than 16 columns
+    assert not core.channels_last((1, 64, 4 * nr, 4 * nr), 1, True, (3, 3))  # full tiles
+

@@ -80,6 +80,9 @@ CASES = [
     ("conv_channels_last_1x1_stride2", "Conv", 11, {"strides": [2, 2]}, {"x": f32(2, 5, 13, 11)},
      {"w": f32(33, 5, 1, 1)}, 1),
     ("conv_channels_last_1d", "Conv", 11, {"pads": [2, 1]}, {"x": f32(1, 3, 9)}, {"w": f32(40, 3, 4)}, 1),
+    # a window over a width whose tiles leave lanes empty, with channels that fill them (28 columns, 64 channels)
+    ("conv_channels_last_wide_3x3", "Conv", 11, {"pads": [1, 1, 1, 1]}, {"x": f32(1, 5, 28, 28)},
+     {"w": f32(64, 5, 3, 3), "b": f32(64)}, 1),
     ("conv_3d", "Conv", 11, {"pads": [1, 0, 1, 1, 0, 1]}, {"x": f32(1, 2, 4, 5, 3)}, {"w": f32(2, 2, 3, 2, 3)}, 1),
     ("conv_transpose", "ConvTranspose", 11, {"strides": [2, 2], "pads": [1, 1, 1, 1]}, {"x": f32(1, 3, 4, 5)},
      {"w": f32(3, 2, 3, 3), "b": f32(2)}, 1),

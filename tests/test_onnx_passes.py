@@ -190,22 +190,24 @@ def test_strided_conv_becomes_space_to_depth(kernel, strides, pads):
 @pytest.mark.parametrize("shape,channels,flattened", [((1, 6, 9, 7), 8, True), ((2, 5, 11, 13), 3, True),
                                                      ((1, 16, 7, 7), 40, False)])  # channels-last below 64 px
 def test_pointwise_conv_runs_over_the_flattened_image(shape, channels, flattened):
-    """A 1x1 Conv and the elementwise chain its fusion group takes in (a per-channel constant, a residual
-    image, an activation) run over (N, C, 1, H*W); one Reshape back after the chain, and the chain is still
-    one kernel. A second reader of the convolution's output ends the chain there."""
+    """A 1x1 Conv and the elementwise nodes its fusion group takes in (a per-channel constant, a residual
+    image, an activation; a diamond such as x * sigmoid(x)) run over (N, C, 1, H*W), with one Reshape back
+    where the image is read otherwise (a pooling), and each group is still one kernel."""
     n, c, h, w = shape
     wt = RNG.standard_normal((channels, c, 1, 1)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["t"]),
              helper.make_node("Mul", ["t", "s"], ["u"]),
              helper.make_node("Add", ["u", "r"], ["v"]),
              helper.make_node("Relu", ["v"], ["y"]),
+             helper.make_node("GlobalAveragePool", ["y"], ["p"]),
              helper.make_node("Conv", ["y", "w2"], ["z"]),
              helper.make_node("Sigmoid", ["z"], ["z1"]),
-             helper.make_node("Add", ["z", "z1"], ["o"])]
+             helper.make_node("Mul", ["z", "z1"], ["o"])]
     inits = [const("w", wt), const("b", RNG.standard_normal(channels).astype(np.float32)),
              const("s", RNG.standard_normal((channels, 1, 1)).astype(np.float32)),
              const("w2", RNG.standard_normal((channels, channels, 1, 1)).astype(np.float32))]
-    model = make_model(nodes, [vi("x", list(shape)), vi("r", [n, channels, h, w])], [vi("o", None)], inits)
+    model = make_model(nodes, [vi("x", list(shape)), vi("r", [n, channels, h, w])], [vi("o", None), vi("p", None)],
+                       inits)
     model = onnx.shape_inference.infer_shapes(model)
     feeds = {"x": RNG.standard_normal(shape).astype(np.float32),
              "r": RNG.standard_normal((n, channels, h, w)).astype(np.float32)}
@@ -213,12 +215,10 @@ def test_pointwise_conv_runs_over_the_flattened_image(shape, channels, flattened
     convs = [d for _, d in g.nodes(data=True) if d["op"] == "Conv"]
     assert all(g.graph["tensors"][d["outputs"][0]].shape[-2:] == ((1, h * w) if flattened else (h, w))
                for d in convs)
-    if flattened:  # x and r flattened, z reshaped back (the second Conv reads y's flat form): 3 Reshapes
-        assert ops_of(g).count("Reshape") == 3
-        kernels = [grp for grp in fusion_groups(g) if grp.kind == "kernel"]
-        assert ["+".join(grp.ops) for grp in kernels] == ["Conv+Mul+Add+Relu", "Conv", "Sigmoid+Add"]
-    else:
-        assert "Reshape" not in ops_of(g)
+    kernels = ["+".join(grp.ops) for grp in fusion_groups(g) if grp.kind == "kernel"]
+    assert sorted(kernels) == ["Conv+Mul+Add+Relu", "Conv+Sigmoid+Mul", "GlobalAveragePool"]
+    # x and r flattened; y back for the pooling (the second Conv reads its flat form) and o at the end
+    assert ops_of(g).count("Reshape") == (4 if flattened else 0)
 
 
 def test_common_subexpressions_merge():

@@ -74,6 +74,41 @@ def _can_absorb(g: nx.DiGraph, members: list, tail: str, reader: str) -> bool:
     return True
 
 
+#: The most elementwise nodes :func:`close_diamond` takes in at once.
+DIAMOND_MAX_NODES = 12
+
+
+def close_diamond(g: nx.DiGraph, members: list, tail: str, assigned: dict) -> list | None:
+    """The elementwise nodes that close the diamond opened by ``tail`` having several readers, or None.
+
+    From the readers of ``tail``, nodes are taken in topological order while some tensor of the group is
+    still read outside it: each must be elementwise of the group's shape (:func:`_can_absorb`) and read only
+    tensors of the group or from before it; the diamond closes when a single tensor of the group is read
+    outside (``y = x * sigmoid(x)``: Sigmoid, then Mul; GELU's Div, Erf, Add, Mul, Mul), and that one
+    continues the chain. Gives up past DIAMOND_MAX_NODES nodes or at any node it cannot take."""
+    taken, inside = [], set(members)
+    order = {n: k for k, n in enumerate(topo_order(g))}
+    open_ = {tail}
+    while len(open_) > 1 or tail in open_:
+        frontier = sorted({r for t in open_ for r in consumers(g, t) if r not in inside}, key=order.get)
+        if not frontier or len(taken) >= DIAMOND_MAX_NODES:
+            return None
+        node = frontier[0]
+        d = g.nodes[node]
+        if node in assigned or not any(t in open_ for t in d["inputs"]):
+            return None
+        source = next(t for t in d["inputs"] if t in open_)
+        if not _can_absorb(g, members + taken, source, node):
+            return None
+        taken.append(node)
+        inside.add(node)
+        open_ = {t for m in members + taken for t in g.nodes[m]["outputs"] if t and
+                 (t in g.graph["outputs"] or any(r not in inside for r in consumers(g, t)))}
+        if any(t in g.graph["outputs"] for t in open_ if t != g.nodes[node]["outputs"][0]):
+            return None
+    return taken
+
+
 def _io(g: nx.DiGraph, name: str, kind: str, members: list) -> Group:
     member_set = set(members)
     inputs, outputs = [], []
@@ -109,6 +144,12 @@ def fusion_groups(g: nx.DiGraph) -> list:
                 if len(outs) != 1 or outs[0] in g.graph["outputs"]:
                     break
                 readers = consumers(g, outs[0])
+                if len(readers) > 1:  # a diamond (x * sigmoid(x), GELU): taken in whole, or not at all
+                    closed = close_diamond(g, members, outs[0], assigned)
+                    if closed is None:
+                        break
+                    members += closed
+                    continue
                 if len(readers) != 1 or readers[0] in assigned or not _can_absorb(g, members, outs[0], readers[0]):
                     break
                 members.append(readers[0])

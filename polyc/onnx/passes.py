@@ -20,6 +20,7 @@ from ..errors import CompileError, ShapeError
 from .control import lower_control_flow
 from .graph import (TensorInfo, export_attr, add_op, connect, consumers, copy_graph, fresh_name, producer,
                     remove_op, replace_uses, set_constant, to_model, topo_order)
+from .fusion import ELEMENTWISE, close_diamond
 from .load import infer_shapes
 from .ops.core import channels_last
 from .sequences import lower_sequences
@@ -602,15 +603,13 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
         chain, tail = [], d["outputs"][0]
         while tail not in g.graph["outputs"]:
             readers = consumers(g, tail)
-            if len(readers) != 1 or g.nodes[readers[0]]["op"] not in _POINTWISE_CHAIN_OPS:
+            if len(readers) > 1:  # a diamond the fusion group takes in whole (x * sigmoid(x))
+                readers = close_diamond(g, [nid] + chain, tail, {}) or [None]
+            if not all(r is not None and _flattens_node(g, r, [nid] + chain + readers[:k], image)
+                       for k, r in enumerate(readers)):
                 break
-            r = g.nodes[readers[0]]
-            outs = [o for o in r["outputs"] if o]
-            if len(outs) != 1 or tensors[outs[0]].shape != image or \
-                    not all(_flattens(tensors[t].shape, image) for t in r["inputs"] if t and t != tail):
-                break
-            chain.append(readers[0])
-            tail = outs[0]
+            chain += readers
+            tail = g.nodes[readers[-1]]["outputs"][0]
         x = view(d["inputs"][0], flat((n, c, h, w)))
         renamed = {}
         for node in [nid] + chain:
@@ -638,10 +637,20 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
     return g
 
 
-#: Elementwise ops :func:`flatten_pointwise_conv` carries past (the fusion group's epilogue).
-_POINTWISE_CHAIN_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Relu", "LeakyRelu", "Sigmoid", "Tanh",
-                                  "Clip", "Erf", "Gelu", "Exp", "HardSigmoid", "HardSwish", "Elu", "Selu",
-                                  "Softplus", "PRelu", "Mish", "Neg", "Abs"})
+#: Elementwise ops :func:`flatten_pointwise_conv` carries past (the fusion group's epilogue): those the fusion
+#: groups take in, but for the ones whose attributes name an axis.
+_POINTWISE_CHAIN_OPS = ELEMENTWISE - {"QuantizeLinear", "DequantizeLinear", "Expand"}
+
+
+def _flattens_node(g: nx.DiGraph, node: str, group: list, image) -> bool:
+    """Whether elementwise ``node`` of a chain after the pointwise Conv ``group[0]`` can run over the
+    flattened image: an op of _POINTWISE_CHAIN_OPS, one output of the image's shape, every input from the
+    chain or flattening (:func:`_flattens`)."""
+    d, tensors = g.nodes[node], g.graph["tensors"]
+    outs = [o for o in d["outputs"] if o]
+    produced = {t for m in group for t in g.nodes[m]["outputs"]}
+    return (d["op"] in _POINTWISE_CHAIN_OPS and len(outs) == 1 and tensors[outs[0]].shape == image
+            and all(_flattens(tensors[t].shape, image) for t in d["inputs"] if t and t not in produced))
 
 
 def _flattens(shape, image) -> bool:
