@@ -155,13 +155,18 @@ CHANNELS_LAST_MIN_EMPTY_LANES = 0.1
 
 
 @functools.lru_cache(maxsize=8)
-def _vector_lanes(cpu: str, dtype: str) -> int:
-    return host_target().lanes(dtype)
+def _target(cpu: str):
+    return host_target()
 
 
 def vector_lanes(dtype: str) -> int:
     """The vector lanes of ``dtype`` on the target the kernels are compiled for (``POLYC_CPU`` or the host)."""
-    return _vector_lanes(os.environ.get("POLYC_CPU", ""), np.dtype(dtype).name)
+    return _target(os.environ.get("POLYC_CPU", "")).lanes(np.dtype(dtype).name)
+
+
+def l2_bytes() -> int:
+    """The L2 cache size of the target the kernels are compiled for, in bytes."""
+    return _target(os.environ.get("POLYC_CPU", "")).l2_bytes
 
 
 def channels_last(out_shape, group: int, constant_weights: bool, kernel=(), dtype="float32") -> bool:
