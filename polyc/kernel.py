@@ -561,6 +561,13 @@ def _versions():
     return tuple(found)
 
 
+def compile_target():
+    """The :class:`~polyc.codegen.target.Target` kernels are compiled for: the host, or the instruction-set
+    level ``POLYC_CPU`` names (:func:`polyc.codegen.target.host_target`). For layers above the kernel API
+    whose choices depend on the target (the ONNX lowering's layouts)."""
+    return host_target()
+
+
 def define(source: str, name: str | None = None, options: Options | None = None,
            filename: str = "<source>") -> Kernel:
     """Define a kernel from source text of the language; ``name`` picks one ``def`` when there are several.

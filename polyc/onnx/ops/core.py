@@ -17,7 +17,7 @@ import numpy as np
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from ...kernel import host_target
+from ...kernel import compile_target
 from ..lower import Builder, broadcast_index, lazy, lit, times
 from .common import (aff, attr, fold, guard, lowest, nary, norm_axis, pads_begin, reduce, reduce_op_for,
                      reduction_dims, spatial_params, unary, window, zero)
@@ -156,7 +156,7 @@ CHANNELS_LAST_MIN_EMPTY_LANES = 0.1
 
 @functools.lru_cache(maxsize=8)
 def _target(cpu: str):
-    return host_target()
+    return compile_target()
 
 
 def vector_lanes(dtype: str) -> int:
