@@ -43,7 +43,7 @@ def test_lowered_conv_writes_in_place_and_identical_groups_share_text(resnet):
                  and "+r1" in k.source)  # the 3x3 convolution over 64 channels at 56x56
     # the input comes padded by its own Pad kernel (explicit_conv_padding): 56 + 2, and no guarded read
     assert first.startswith("def onnx_conv_relu(float(1,64,58,58) X0, ") and "?" not in first
-    if core.channels_last((1, 64, 56, 56), 1, True, (3, 3)):  # accumulated in T0(n, h, w, m), read back
+    if core.channels_last((1, 64, 56, 56), 1, True, (3, 3), in_channels=64):  # accumulated in T0(n, h, w, m), read back
         assert "float(64,3,3,64) X1" in first and "T0(i0, i1, i2, i3) +=! X0(i0, r0, i1+r1, i2+r2) * " \
             "X1(r0, r1, r2, i3)" in first
         assert "Y0(i0, i1, i2, i3) = max((T0(i0, i2, i3, i1) + X2(i1)), 0.0)" in first
@@ -81,16 +81,17 @@ def test_diamonds_of_elementwise_nodes_fuse_into_the_anchor():
     import onnxruntime as ort
     rng = np.random.default_rng(5)
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
-    inits = [numpy_helper.from_array(a, n) for n, a in [("w", f(16, 24)), ("bias", f(24)), ("sq2", np.float32(1.4142135)),
-                                                         ("one", np.float32(1.0)), ("half", np.float32(0.5)),
-                                                         ("k", f(8, 3, 3, 3))]]
+    inits = [numpy_helper.from_array(a, n) for n, a in [("w", f(16, 24)), ("bias", f(24)),
+                                                         ("sq2", np.float32(1.4142135)), ("one", np.float32(1.0)),
+                                                         ("half", np.float32(0.5)), ("k", f(8, 3, 3, 3))]]
     nodes = [helper.make_node("MatMul", ["a", "w"], ["m"]), helper.make_node("Add", ["m", "bias"], ["x"]),
              helper.make_node("Div", ["x", "sq2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
              helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["x", "e1"], ["xe"]),
              helper.make_node("Mul", ["xe", "half"], ["gelu"]),
              helper.make_node("Conv", ["i", "k"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["silu"]),
-             helper.make_node("Relu", ["silu"], ["r"]), helper.make_node("MaxPool", ["silu"], ["p"], kernel_shape=[2, 2])]
+             helper.make_node("Relu", ["silu"], ["r"]),
+             helper.make_node("MaxPool", ["silu"], ["p"], kernel_shape=[2, 2])]
     graph = helper.make_graph(nodes, "d", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [5, 16]),
                                            helper.make_tensor_value_info("i", TensorProto.FLOAT, [1, 3, 9, 9])],
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
@@ -185,7 +186,8 @@ def test_narrow_convolutions_compute_channels_last(resnet):
     wide = next(k for k in kernels if k and "(float(1,64,56,56) Y0)" in k.source and "+=!" in k.source
                 and "+r1" in k.source)  # the 3x3 convolution over 64 channels at 56x56
     # 56 columns in tiles of 16 (AVX2) or 32 (AVX-512) leave 8 of 64 lanes empty; 64 channels fill them
-    assert any("_wT_" in n for n in wide.constants) == core.channels_last((1, 64, 56, 56), 1, True, (3, 3))
+    assert any("_wT_" in n for n in wide.constants) == core.channels_last((1, 64, 56, 56), 1, True, (3, 3),
+                                                                           in_channels=64)
     one = next(k for k in kernels if k and "float(256,64,1,1)" in k.source)
     assert not any("_wT_" in n for n in one.constants)  # a 1x1 conv over a wide image: NCHW as written
 
@@ -194,13 +196,14 @@ def test_narrow_convolutions_compute_channels_last(resnet):
 def test_channels_last_when_channels_fill_the_vectors_and_the_width_does_not(monkeypatch, lanes):
     monkeypatch.setattr(core, "vector_lanes", lambda dtype: lanes)
     nr = 2 * lanes
-    assert core.channels_last((1, 64, 28, 28), 1, True, (3, 3))          # 28 of 32 lanes
-    assert core.channels_last((1, 128, 56, 56), 1, True, (3, 3))         # 56 of 64
-    assert not core.channels_last((1, 64, 28, 28), 1, True, (1, 1))      # 1x1: the flattened image decides
-    assert not core.channels_last((1, 40, 28, 28), 1, True, (3, 3))      # 40 channels: a half tile
-    assert not core.channels_last((1, 64, 28, 28), 2, True, (3, 3))      # grouped
+    assert core.channels_last((1, 64, 28, 28), 1, True, (3, 3), in_channels=64)  # 28 of 32 lanes
+    assert core.channels_last((1, 128, 56, 56), 1, True, (3, 3), in_channels=64)         # 56 of 64
+    assert not core.channels_last((1, 64, 28, 28), 1, True, (1, 1))  # 1x1: the flattened image decides
+    assert not core.channels_last((1, 40, 28, 28), 1, True, (3, 3), in_channels=64)  # 40 channels: a half tile
+    assert not core.channels_last((1, 64, 28, 28), 2, True, (3, 3), in_channels=64)      # grouped
     assert not core.channels_last((1, 64, 28, 28), 1, False, (3, 3))     # weights at run time
-    assert not core.channels_last((1, 16, 7, 7), 1, True, (3, 3))        # too few channels
+    assert not core.channels_last((1, 16, 7, 7), 1, True, (3, 3), in_channels=64)  # too few channels
     assert core.channels_last((1, 32, 7, 7), 1, True, (1, 1))            # narrower than 16 columns
-    assert not core.channels_last((1, 64, 4 * nr, 4 * nr), 1, True, (3, 3))  # full tiles
+    assert not core.channels_last((1, 64, 4 * nr, 4 * nr), 1, True, (3, 3), in_channels=64)  # full tiles
+    assert not core.channels_last((1, 64, 28, 28), 1, True, (3, 3), in_channels=12)  # a network's stem
 

@@ -855,5 +855,6 @@ def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
 
 
 __all__ = ["remove_identities", "fold_constants", "eliminate_common_subexpressions", "fold_batchnorm",
-           "decompose_batchnorm", "strided_conv_to_space_to_depth", "explicit_conv_padding", "flatten_pointwise_conv", "eliminate_dead_code", "infer_static_shapes",
-           "simplify", "evaluate_node", "refresh_shapes", "fold_with_shapes"]
+           "decompose_batchnorm", "strided_conv_to_space_to_depth", "explicit_conv_padding", "flatten_pointwise_conv",
+           "eliminate_dead_code", "infer_static_shapes", "simplify", "evaluate_node", "refresh_shapes",
+           "fold_with_shapes"]
