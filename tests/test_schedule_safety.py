@@ -10,6 +10,8 @@
   with a fallback (``fusion="min"``, then the source order) that stays correct.
 """
 import dataclasses
+import sys
+from pathlib import Path
 import time
 
 import islpy as isl
@@ -394,6 +396,24 @@ def test_register_tile_rows_fit_the_partial_tile_in_half_the_registers():
     windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))  # (1, 16, 28, 28, 3, 3)
     expected = np.maximum(np.einsum("nchwrs,kcrs->nkhw", windows, w), 0)
     np.testing.assert_allclose(polyc.define(src).specialize(x, w)(x, w), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_isolating_full_tiles_of_a_many_piece_union_finishes():
+    """A fuzz program (5 statements, tiles 2x3, a 2-row register tile) whose isolated full-tile set is a union
+    of many pieces: isl's convex hull of it did not finish in minutes; the hull is only tried on a few
+    pieces now (transforms.HULL_MAX_PIECES). Checked against the reference interpreter."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fuzz_programs
+    import polyc as polyc_module
+    program = fuzz_programs.generate(2032007382)
+    ref = fuzz_programs.reference(program, 2)
+    spec = fuzz_programs.OPTION_SETS["tiles"]
+    assert ref.kind == "ok"
+    start = time.perf_counter()
+    kernel = polyc.define(program.text)
+    outcome = fuzz_programs._run_polyc(polyc_module, kernel, None, spec, program.sizes[2], ref)
+    assert outcome == ("ok", ""), outcome
+    assert time.perf_counter() - start < 60
 
 
 def test_a_compile_the_time_box_cut_off_is_not_cached(monkeypatch, tmp_path):

@@ -122,6 +122,10 @@ def member_index(node: isl.ScheduleNode, member: int, stmt) -> str | None:
     return None
 
 
+#: :func:`isolate_full_tiles` replaces an isolated set of at most this many pieces by its convex hull.
+HULL_MAX_PIECES = 4
+
+
 def isolate_full_tiles(tile: isl.ScheduleNode, points=None, members=None) -> isl.ScheduleNode:
     """Ask the AST generator to emit full tiles of ``tile`` separately (the ``isolate`` AST build option,
     as PPCG's ``--isolate-full-tiles``): in the isolated part every point loop runs its whole tile size, so
@@ -180,11 +184,13 @@ def isolate_full_tiles(tile: isl.ScheduleNode, points=None, members=None) -> isl
     full = seen.subtract(bad).coalesce()
     if full.is_empty():
         return tile
-    if full.n_basic_set() > 1:
+    if 1 < full.n_basic_set() <= HULL_MAX_PIECES:
         # isl's AST generator isolates the (unshifted simple) hull of the isolated set: a union such as
         # "c6 <= 224, or c6 <= 192 in the last tile of c2" (an extent that is not a multiple of the tile) would
         # widen to every tile, and no full tile would be separated. Its convex hull ("c2 + c6 <= 968") is
-        # often exact on the tiles' lattice: use it when it holds no tile that is not full.
+        # often exact on the tiles' lattice: use it when it holds no tile that is not full. isl's convex hull
+        # grows with the pieces and their constraints (a 5-statement fuzz program's union of dozens of
+        # pieces did not finish in minutes): past HULL_MAX_PIECES the union stays as it is.
         hull = isl.Set.from_basic_set(full.convex_hull())
         if hull.intersect(bad).is_empty():
             full = hull
