@@ -18,7 +18,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from ...kernel import compile_target
-from ..lower import Builder, broadcast_index, lazy, lit, times
+from ..lower import Builder, broadcast_index, lazy, lit, rounded, times
 from .common import (aff, attr, fold, guard, lowest, nary, norm_axis, pads_begin, reduce, reduce_op_for,
                      reduction_dims, spatial_params, unary, window, zero)
 
@@ -467,14 +467,20 @@ def lrn(b: Builder, node):
 
 
 def _softmax(b: Builder, node, axes, log_=False):
+    """Softmax/LogSoftmax along ``axes`` as the spec's function body computes it: ``x - max``, ``exp``, the
+    row sum (and its ``log``) are each a node of the input's type, so for float16/bfloat16 every one of
+    them is rounded to it (numpy's float16 arithmetic does the same; the float32 result rounded once can
+    differ by two float16 ulps, more than the backend tests' tolerance)."""
     x = b.simple(b.input(node, 0))
-    t = x.dtype
+    t, store = x.dtype, b.tensors[node["inputs"][0]].dtype
     mx, row = reduce(b, x.shape, axes, "max=!", t, lambda idx: x.at(idx))
-    if log_:
-        s, _ = reduce(b, x.shape, axes, "+=!", t, lambda idx: f"exp({x.at(idx)} - {mx.at(row(idx))})")
-        return [lazy(x.shape, t, lambda idx: f"({x.at(idx)} - {mx.at(row(idx))} - log({s.at(row(idx))}))")]
-    e = b.emit(x.shape, t, lambda idx, red: f"exp({x.at(idx)} - {mx.at(row(idx))})")
+    d = rounded(lazy(x.shape, t, lambda idx: f"({x.at(idx)} - {mx.at(row(idx))})"), store)
+    e = rounded(b.emit(x.shape, t, lambda idx, red: f"exp({d.at(idx)})"), store)
     s, _ = reduce(b, x.shape, axes, "+=!", t, lambda idx: e.at(idx))
+    s = rounded(s, store)
+    if log_:
+        ls = rounded(lazy(s.shape, t, lambda idx: f"log({s.at(idx)})"), store)
+        return [lazy(x.shape, t, lambda idx: f"({d.at(idx)} - {ls.at(row(idx))})")]
     return [lazy(x.shape, t, lambda idx: f"({e.at(idx)} / {s.at(row(idx))})")]
 
 
