@@ -136,6 +136,15 @@ CASES = [
     ("pad_v13_input", "Pad", 13, {}, {"x": f32(2, 3, 4)}, {"p": i64([0, 1, 0, 0, 2, 1]),
                                                             "v": np.array(-1.0, np.float32)}, 1),
     ("pad_v18_axes_negative", "Pad", 18, {}, {"x": f32(4, 5)}, {"p": i64([2, -1]), "ax": i64([1])}, 1),
+    ("pad_v7_reflect_attr", "Pad", 7, {"pads": [0, 2, 1, 0, 1, 2], "mode": "reflect"}, {"x": f32(2, 4, 3)}, {}, 1),
+    ("pad_v13_reflect_3dims", "Pad", 13, {"mode": "reflect"}, {"x": f32(3, 4, 5)},
+     {"p": i64([1, 2, 0, 2, 1, 4])}, 1),
+    ("pad_v13_reflect_crop", "Pad", 13, {"mode": "reflect"}, {"x": f32(1, 3, 6)},
+     {"p": i64([0, 0, 2, 0, -1, -3])}, 1),
+    ("pad_v13_edge", "Pad", 13, {"mode": "edge"}, {"x": f32(2, 3, 4)}, {"p": i64([0, 5, 1, 0, 0, 7])}, 1),
+    ("pad_v18_edge_extent_1", "Pad", 18, {"mode": "edge"}, {"x": f32(1, 1, 4)},
+     {"p": i64([2, 3, 1, 1]), "ax": i64([1, -1])}, 1),
+    ("pad_v19_wrap", "Pad", 19, {"mode": "wrap"}, {"x": f32(2, 3, 4)}, {"p": i64([0, 3, 2, 1, 1, 4])}, 1),
     ("reduce_mean_v11", "ReduceMean", 11, {"axes": [1], "keepdims": 0}, {"x": f32(2, 3, 4)}, {}, 1),
     ("reduce_mean_v18", "ReduceMean", 18, {}, {"x": f32(2, 3, 4)}, {"ax": i64([0, 2])}, 1),
     ("reduce_sum_v13_all", "ReduceSum", 13, {"keepdims": 0}, {"x": f32(2, 3, 4)}, {}, 1),
@@ -196,3 +205,14 @@ def test_op_matches_onnxruntime(case):
     for g, e in zip(got, expected):
         assert g.shape == e.shape and g.dtype == e.dtype
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode,pads,limit", [("reflect", [0, 3, 0, 0], 2), ("wrap", [0, 0, 0, 4], 3)])
+def test_pad_past_the_extent_is_a_clean_error(mode, pads, limit):
+    """A reflect pad longer than the extent minus 1 (wrap: the extent) has no single mirror image; the error
+    names the node, the dim and the limit (onnxruntime refuses it too)."""
+    inputs = {"x": f32(2, 3)}
+    node = helper.make_node("Pad", ["x", "p"], ["y0"], mode=mode, name="the_pad")
+    model = testing.one_node_model(node, inputs, {"p": i64(pads)}, 13)
+    with pytest.raises(polyc.errors.UnsupportedError, match=rf"Pad mode {mode} .* \(at most {limit}\) on node the_pad"):
+        polyc.onnx.compile(model)

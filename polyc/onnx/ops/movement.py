@@ -119,10 +119,29 @@ def transpose(b: Builder, node):
     return [lazy(ys, x.dtype, text, cheap=True)]
 
 
+def _mode_index(mode: str, t: str, n: int) -> list:
+    """The source index of output index ``t`` (already shifted by the leading pad) along a dim of extent ``n``
+    in Pad's ``mode``, as ``[(condition, index), ...]`` tried in order (the last has no condition):
+    reflect mirrors without repeating the edge element (numpy's ``reflect``), edge repeats it, wrap
+    continues from the other end."""
+    last = n - 1
+    if mode == "edge" or (mode == "reflect" and n == 1):
+        return [(f"{t} < 0", "0"), (f"{t} > {last}", str(last)), (None, t)]
+    if mode == "reflect":
+        return [(f"{t} < 0", f"-({t})"), (f"{t} > {last}", f"{2 * last}-({t})"), (None, t)]
+    return [(f"{t} < 0", f"{t}+{n}"), (f"{t} > {last}", f"{t}-{n}"), (None, t)]  # wrap
+
+
 def pad(b: Builder, node):
-    """Pad, constant mode: pads/value attributes before opset 11, inputs (and axes >= 18) after."""
+    """Pad: pads/value attributes before opset 11, inputs (and axes >= 18) after. Mode ``constant`` guards
+    the read; ``reflect``/``edge``/``wrap`` read the mirrored, clamped or wrapped element, one padded dim at
+    a time (a ``?:`` per dim, at most two dims inlined into one expression, then stored). A reflect or
+    wrap pad must not exceed the dim's extent minus 1 (reflect) or its extent (wrap), as onnxruntime
+    requires too; negative pads crop."""
     x = b.input(node, 0)
     ys, rank = b.out_shape(node), len(x.shape)
+    mode = attr(node, "mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
     if b.opset < 11:
         pads = list(attr(node, "pads"))
         value = (lambda t=lit(attr(node, "value", 0.0), x.dtype): t)
@@ -138,6 +157,8 @@ def pad(b: Builder, node):
                 full[a], full[rank + a] = pads[k], pads[len(axes) + k]
             pads = full
     begin = pads[:rank]
+    if mode != "constant":
+        return [_pad_mode(b, x, ys, begin, pads[rank:], mode)]
 
     def text(idx):
         j, conds = [], []
@@ -151,6 +172,38 @@ def pad(b: Builder, node):
         read = x.at(j)
         return f"(({' && '.join(conds)}) ? {read} : {value()})" if conds else read
     return [lazy(ys, x.dtype, text)]
+
+
+def _pad_mode(b: Builder, x, ys, begin, end, mode):
+    """Pad in mode reflect/edge/wrap: each padded dim in turn maps its index with :func:`_mode_index`."""
+    if 0 in x.shape and any(p > 0 for p in list(begin) + list(end)):
+        raise b.error(f"Pad mode {mode} of an empty tensor has nothing to {mode}")
+    limit = {"reflect": 1, "wrap": 0}.get(mode)
+    for d, n in enumerate(x.shape):
+        if limit is not None and n > 1 and max(begin[d], end[d]) > n - limit:
+            raise b.error(f"Pad mode {mode} with pads {begin[d]}, {end[d]} on dim {d} of extent {n} "
+                          f"(at most {n - limit})")
+    v, inlined = x, 0
+    for d in range(len(ys)):
+        if begin[d] == 0 and end[d] == 0:
+            continue
+        if inlined == 2:
+            v, inlined = b.materialize(v), 0
+        shape = tuple(ys[e] if e <= d else v.shape[e] for e in range(len(ys)))
+
+        def text(idx, d=d, src=v):
+            t = _shift(idx[d], -begin[d])
+            cases = _mode_index(mode, t, x.shape[d])
+            if begin[d] <= 0:  # nothing before the first element
+                cases = [c for c in cases if c[0] is None or "< 0" not in c[0]]
+            if end[d] <= 0:
+                cases = [c for c in cases if c[0] is None or ">" not in c[0]]
+            out = src.at(idx[:d] + [cases[-1][1]] + idx[d + 1:])
+            for cond, i in reversed(cases[:-1]):
+                out = f"({cond} ? {src.at(idx[:d] + [i] + idx[d + 1:])} : {out})"
+            return out
+        v, inlined = lazy(shape, x.dtype, text), inlined + 1
+    return v
 
 
 def gather(b: Builder, node):
@@ -315,7 +368,7 @@ KNOWN_ATTRS = {
 }
 
 SUPPORTED_VALUES = {
-    "Pad": {"mode": lambda v: v in (b"constant", "constant")},
+    "Pad": {"mode": lambda v: (v.decode() if isinstance(v, bytes) else v) in ("constant", "reflect", "edge", "wrap")},
     "Resize": {"mode": lambda v: v in (b"nearest", b"linear", "nearest", "linear"),
                "antialias": lambda v: v == 0,
                "coordinate_transformation_mode": lambda v: v not in (b"tf_crop_and_resize", "tf_crop_and_resize")},
