@@ -37,6 +37,39 @@ def test_the_outermost_coincident_loop_with_several_tiles_is_parallel():
     assert marked.startswith("for (int c") and "+= 32" in marked  # the output-channel tile loop
 
 
+def test_a_gemm_of_single_output_tiles_splits_one_for_the_threads():
+    """A ViT's 50 x 768 x 192 GEMM is one tile of rows and one of columns over three reduction tiles: the
+    strategy splits the columns (as many blocks as the rows, the weights' side) into one tile per thread,
+    so the outermost loop is parallel and outside the reduction's tile loop; the result stays numpy's."""
+    src = "def mm(float(50,768) A, float(768,192) B) -> (C) { C(m, n) +=! A(m, k) * B(k, n) }"
+    compiled = polyc.define(src, options=Options(threads=2)).specialize((50, 768), (768, 192))
+    ast = compiled.stage("ast")
+    marked = ast.split("// parallel_c", 1)[1].split("\n", 1)[1].lstrip().splitlines()
+    assert marked[0].startswith("for (int c") and "<= 191; " in marked[0] and "+= 96" in marked[0], ast[:300]
+    assert "<= 767; " in marked[1]  # the reduction's tile loop, inside
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((50, 768)).astype(np.float32), rng.standard_normal((768, 192)).astype(np.float32)
+    for _ in range(5):
+        np.testing.assert_allclose(compiled(a, b), a @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_split_for_threads():
+    from polyc.poly.strategy import split_for_threads
+    # order [u, v, r]: one tile of 50 rows and of 192 columns, three reduction tiles
+    order, coincident, extents = [0, 1, 2], [True, True, False], [50, 192, 768]
+    assert split_for_threads(order, coincident, extents, [64, 256, 256], {0: 4, 1: 16}, 2) == [64, 96, 256]
+    assert split_for_threads(order, coincident, extents, [64, 256, 256], {0: 4, 1: 16}, 3) == [64, 64, 256]
+    # rows are the longer side in blocks of MR
+    assert split_for_threads(order, coincident, [400, 32, 768], [512, 32, 256], {0: 4, 1: 16}, 2) == \
+        [200, 32, 256]
+    # enough parallel tiles already, a single tile in all (a point loop gets the mark), too few blocks
+    assert split_for_threads(order, coincident, [128, 192, 768], [64, 256, 256], {0: 4, 1: 16}, 2) == \
+        [64, 256, 256]
+    assert split_for_threads(order, coincident, [50, 192, 200], [64, 256, 256], {0: 4, 1: 16}, 2) == \
+        [64, 256, 256]
+    assert split_for_threads(order, coincident, [3, 16, 768], [4, 16, 256], {0: 4, 1: 16}, 2) == [4, 16, 256]
+
+
 # ---- the thread pool every parallel loop runs on (polyc.codegen.pool) ----
 
 SCALE = """

@@ -321,6 +321,34 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
     return clipped
 
 
+def split_for_threads(order, coincident, extents, tiles, multiple, n_threads: int) -> list:
+    """The cache tile sizes ``tiles`` (aligned with ``order``), with one coincident member's tiles made small
+    enough that the outermost loop the tiled band generates is coincident and has at least ``n_threads``
+    iterations, when it would not (a small GEMM, 50 x 768 x 192 in a ViT, is one tile of rows and one of
+    columns: the first loop with more than one iteration is the reduction's, and the kernel ran on one
+    thread; when every member is a single tile, :func:`mark_parallel` parallelizes a point loop instead, and
+    nothing changes here). The member split is the coincident one among those generating no loop yet (the outermost
+    one too, if it is coincident with too few iterations) with the most blocks of its ``multiple``
+    (MR rows for ``u``, NR columns for ``v``, 1 else): the longer side, as onnxruntime's MLAS partitions a
+    GEMM along the larger of M and N; on a tie the inner one (``v``: each thread then reads half of the
+    vector operand, a layer's weights). Its tile becomes ``ceil(extent / n_threads)`` rounded up to the
+    multiple. Unchanged when the band already has enough parallel tiles or no member has ``n_threads``
+    blocks."""
+    iterations = [-(-extents[k] // t) for k, t in zip(order, tiles)]
+    first = next((j for j, n in enumerate(iterations) if n > 1), None)
+    if first is None or (coincident[order[first]] and iterations[first] >= n_threads):
+        return tiles  # one tile in all: mark_parallel marks a point loop (the register tile's row blocks)
+    candidates = [j for j in range(first + 1) if coincident[order[j]]]
+    blocks = {j: extents[order[j]] // multiple.get(order[j], 1) for j in candidates}
+    best = max(reversed(candidates), key=lambda j: blocks[j], default=None)
+    if best is None or blocks[best] < n_threads:
+        return tiles
+    m = multiple.get(order[best], 1)
+    split = list(tiles)
+    split[best] = -(-(-(-extents[order[best]] // n_threads)) // m) * m
+    return split
+
+
 def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target, options: Options,
                   parallel: bool):
     """Steps 1-6 on one outermost band; returns ``(node of the new tree, Packing or None)``. ``deps``
@@ -351,6 +379,8 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
             lo, hi = scop.ranges.get((stmt.name, index), (0, 1))
             depth *= max(1, hi - lo)
     tiles = cache_tile_sizes(order, u, v, coincident, extents, options, target, mr, nr, itemsize, depth)
+    if parallel and options.tile and not options.tile_sizes:
+        tiles = split_for_threads(order, coincident, extents, tiles, {u: mr, v: nr}, threads(options, target))
     rows = 1  # the rows (points of the coincident members but v) that read each panel of the vector operand
     for k in P + ([u] if u is not None else []):
         rows *= extents[k]
