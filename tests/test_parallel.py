@@ -54,15 +54,22 @@ def test_a_gemm_of_single_output_tiles_splits_one_for_the_threads():
 
 
 def test_split_for_threads():
-    from polyc.poly.strategy import split_for_threads
+    from polyc.poly.strategy import split_for_threads, thread_balance
     # order [u, v, r]: one tile of 50 rows and of 192 columns, three reduction tiles
     order, coincident, extents = [0, 1, 2], [True, True, False], [50, 192, 768]
     assert split_for_threads(order, coincident, extents, [64, 256, 256], {0: 4, 1: 16}, 2) == [64, 96, 256]
     assert split_for_threads(order, coincident, extents, [64, 256, 256], {0: 4, 1: 16}, 3) == [64, 64, 256]
     # rows are the longer side in blocks of MR
     assert split_for_threads(order, coincident, [400, 32, 768], [512, 32, 256], {0: 4, 1: 16}, 2) == \
-        [200, 32, 256]
-    # enough parallel tiles already, a single tile in all (a point loop gets the mark), too few blocks
+        [220, 32, 256]
+    # an uneven parallel tile loop: 144 output channels as 128 + 16 become 80 + 64; 784 pixels in tiles of
+    # 256 (two threads: 512 and 272 points) in tiles of 192 (384 and 400)
+    assert split_for_threads(order, coincident, [144, 196, 48], [128, 256, 256], {0: 8, 1: 32}, 2) == \
+        [80, 256, 256]
+    assert split_for_threads(order, coincident, [96, 784, 24], [128, 256, 256], {0: 8, 1: 32}, 2) == \
+        [128, 192, 256]
+    assert thread_balance(784, 256, 2) == 392 / 512 and thread_balance(144, 72, 2) == 1.0
+    # enough balanced parallel tiles already, a single tile in all (a point loop gets the mark), too few blocks
     assert split_for_threads(order, coincident, [128, 192, 768], [64, 256, 256], {0: 4, 1: 16}, 2) == \
         [64, 256, 256]
     assert split_for_threads(order, coincident, [50, 192, 200], [64, 256, 256], {0: 4, 1: 16}, 2) == \

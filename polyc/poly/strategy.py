@@ -321,31 +321,56 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
     return clipped
 
 
+#: The share of an even split the busiest thread may exceed by at most 1/PARALLEL_BALANCE: a parallel tile loop
+#: whose chunks are less balanced gets smaller tiles (:func:`split_for_threads`).
+PARALLEL_BALANCE = 0.9
+
+
+def thread_balance(extent: int, tile: int, n_threads: int) -> float:
+    """``extent / n_threads`` over the busiest thread's points when tiles of ``tile`` points run in
+    ``n_threads`` chunks of consecutive tiles as codegen splits a parallel loop (chunk ``t``: tiles
+    ``[n t / T, n (t+1) / T)``, ``T = min(n, n_threads)``): 1.0 when every thread has an even share."""
+    n = -(-extent // tile)
+    chunks = min(n, n_threads)
+    sizes = [min(tile, extent - i * tile) for i in range(n)]
+    busiest = max(sum(sizes[n * t // chunks:n * (t + 1) // chunks]) for t in range(chunks))
+    return extent / n_threads / busiest
+
+
 def split_for_threads(order, coincident, extents, tiles, multiple, n_threads: int) -> list:
     """The cache tile sizes ``tiles`` (aligned with ``order``), with one coincident member's tiles made small
-    enough that the outermost loop the tiled band generates is coincident and has at least ``n_threads``
-    iterations, when it would not (a small GEMM, 50 x 768 x 192 in a ViT, is one tile of rows and one of
-    columns: the first loop with more than one iteration is the reduction's, and the kernel ran on one
-    thread; when every member is a single tile, :func:`mark_parallel` parallelizes a point loop instead, and
-    nothing changes here). The member split is the coincident one among those generating no loop yet (the outermost
-    one too, if it is coincident with too few iterations) with the most blocks of its ``multiple``
-    (MR rows for ``u``, NR columns for ``v``, 1 else): the longer side, as onnxruntime's MLAS partitions a
-    GEMM along the larger of M and N; on a tie the inner one (``v``: each thread then reads half of the
-    vector operand, a layer's weights). Its tile becomes ``ceil(extent / n_threads)`` rounded up to the
-    multiple. Unchanged when the band already has enough parallel tiles or no member has ``n_threads``
-    blocks."""
+    enough that the outermost loop the tiled band generates is coincident and keeps ``n_threads`` threads
+    evenly busy (:func:`thread_balance` at least PARALLEL_BALANCE), when it would not: a small GEMM, 50 x 768
+    x 192 in a ViT, is one tile of rows and one of columns, so the first loop with more than one iteration
+    was the reduction's and the kernel ran on one thread; 144 output channels in tiles of 128 ran as 128
+    and 16 on two threads. When every member is a single tile, :func:`mark_parallel` parallelizes a point
+    loop (the register tile's row blocks) and nothing changes here.
+
+    The member is one of the coincident members up to that first loop (those before it generate no loop)
+    with the most blocks of its ``multiple`` (MR rows for ``u``, NR columns for ``v``, 1 else): the longer
+    side, as onnxruntime's MLAS partitions a GEMM along the larger of M and N; on a tie the inner one (``v``:
+    each thread then reads half of the vector operand, a layer's weights). Its tile becomes the largest
+    multiple of its ``multiple``, no larger than before, that balances the threads (else the best
+    balanced). Unchanged when no member has ``n_threads`` blocks."""
     iterations = [-(-extents[k] // t) for k, t in zip(order, tiles)]
     first = next((j for j, n in enumerate(iterations) if n > 1), None)
-    if first is None or (coincident[order[first]] and iterations[first] >= n_threads):
-        return tiles  # one tile in all: mark_parallel marks a point loop (the register tile's row blocks)
-    candidates = [j for j in range(first + 1) if coincident[order[j]]]
-    blocks = {j: extents[order[j]] // multiple.get(order[j], 1) for j in candidates}
-    best = max(reversed(candidates), key=lambda j: blocks[j], default=None)
-    if best is None or blocks[best] < n_threads:
+    if first is None:
         return tiles
-    m = multiple.get(order[best], 1)
+    if coincident[order[first]] and iterations[first] >= n_threads \
+            and thread_balance(extents[order[first]], tiles[first], n_threads) >= PARALLEL_BALANCE:
+        return tiles
+    candidates = [j for j in range(first + 1) if coincident[order[j]]
+                  and extents[order[j]] // multiple.get(order[j], 1) >= n_threads]
+    if not candidates:
+        return tiles
+    best = max(reversed(candidates), key=lambda j: extents[order[j]] // multiple.get(order[j], 1))
+    extent, m = extents[order[best]], multiple.get(order[best], 1)
+    sizes = [t for t in range(tiles[best] // m * m, 0, -m) if -(-extent // t) >= n_threads]
+    if not sizes:
+        return tiles
     split = list(tiles)
-    split[best] = -(-(-(-extents[order[best]] // n_threads)) // m) * m
+    split[best] = next((t for t in sizes if thread_balance(extent, t, n_threads) >= PARALLEL_BALANCE),
+                       max(sizes, key=lambda t: thread_balance(extent, t, n_threads)))
     return split
 
 
