@@ -145,6 +145,9 @@ CASES = [
     ("pad_v18_edge_extent_1", "Pad", 18, {"mode": "edge"}, {"x": f32(1, 1, 4)},
      {"p": i64([2, 3, 1, 1]), "ax": i64([1, -1])}, 1),
     ("pad_v19_wrap", "Pad", 19, {"mode": "wrap"}, {"x": f32(2, 3, 4)}, {"p": i64([0, 3, 2, 1, 1, 4])}, 1),
+    ("center_crop_pad_all_axes", "CenterCropPad", 18, {}, {"x": f32(5, 4, 6)}, {"s": i64([2, 7, 6])}, 1),
+    ("center_crop_pad_negative_axes", "CenterCropPad", 18, {"axes": [-1, 0]}, {"x": f32(3, 4, 8)},
+     {"s": i64([3, 6])}, 1),
     ("reduce_mean_v11", "ReduceMean", 11, {"axes": [1], "keepdims": 0}, {"x": f32(2, 3, 4)}, {}, 1),
     ("reduce_mean_v18", "ReduceMean", 18, {}, {"x": f32(2, 3, 4)}, {"ax": i64([0, 2])}, 1),
     ("reduce_sum_v13_all", "ReduceSum", 13, {"keepdims": 0}, {"x": f32(2, 3, 4)}, {}, 1),
@@ -177,7 +180,8 @@ INPUT_ORDER = {
     "Clip": ["x", "lo", "hi"], "Sub": ["a", "b"], "Pow": ["a", "b"], "Conv": ["x", "w", "b"],
     "ConvTranspose": ["x", "w", "b"], "Gemm": ["a", "b", "c"], "BatchNormalization": ["x", "s", "bb", "m", "v"],
     "LayerNormalization": ["x", "s", "b"], "Split": ["x", "s"], "Slice": ["x", "st", "en", "ax", "sp"],
-    "Pad": ["x", "p", "v", "ax"], "ReduceMean": ["x", "ax"], "ReduceMax": ["x", "ax"], "Gather": ["x", "i"],
+    "Pad": ["x", "p", "v", "ax"], "CenterCropPad": ["x", "s"],
+    "ReduceMean": ["x", "ax"], "ReduceMax": ["x", "ax"], "Gather": ["x", "i"],
     "Resize": ["x", "roi", "sc", "sz"], "Upsample": ["x", "sc"], "Reshape": ["x", "s"], "Unsqueeze": ["x", "ax"],
 }
 

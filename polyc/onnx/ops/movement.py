@@ -159,7 +159,11 @@ def pad(b: Builder, node):
     begin = pads[:rank]
     if mode != "constant":
         return [_pad_mode(b, x, ys, begin, pads[rank:], mode)]
+    return [_pad_constant(x, ys, begin, value)]
 
+
+def _pad_constant(x, ys, begin, value):
+    """``x`` shifted by ``begin`` per dim into shape ``ys`` (negative: cropped), ``value()`` outside it."""
     def text(idx):
         j, conds = [], []
         for d, i in enumerate(idx):
@@ -171,7 +175,22 @@ def pad(b: Builder, node):
                 conds.append(f"{t} < {x.shape[d]}")
         read = x.at(j)
         return f"(({' && '.join(conds)}) ? {read} : {value()})" if conds else read
-    return [lazy(ys, x.dtype, text)]
+    return lazy(ys, x.dtype, text)
+
+
+def center_crop_pad(b: Builder, node):
+    """CenterCropPad (18): each dim of ``axes`` (default all) cropped or zero-padded to the constant
+    ``shape``, centred; an odd difference puts the extra element at the end (onnx's reference)."""
+    x = b.input(node, 0)
+    rank = len(x.shape)
+    target = [int(v) for v in b.const_input(node, 1, "shape").reshape(-1)]
+    axes = [norm_axis(int(a), rank) for a in attr(node, "axes", list(range(rank)))]
+    begin = [0] * rank
+    for a, size in zip(axes, target):
+        d = size - x.shape[a]
+        begin[a] = d // 2 if d >= 0 else -((-d) // 2)
+    ys = tuple(target[axes.index(d)] if d in axes else x.shape[d] for d in range(rank))
+    return [_pad_constant(x, ys, begin, lambda t=lit(0, x.dtype): t)]
 
 
 def _pad_mode(b: Builder, x, ys, begin, end, mode):
@@ -354,6 +373,7 @@ def resize(b: Builder, node):
 CONVERTERS = {
     "Concat": ((1, concat),), "Split": ((1, split),), "Slice": ((1, slice_),),
     "Transpose": ((1, transpose),), "Pad": ((1, pad),), "Gather": ((1, gather),),
+    "CenterCropPad": ((18, center_crop_pad),),
     "Resize": ((10, resize),), "Upsample": ((7, resize),),
 }
 
@@ -361,7 +381,7 @@ CONVERTERS = {
 KNOWN_ATTRS = {
     "Concat": {"axis"}, "Split": {"axis", "split", "num_outputs"}, "Slice": {"starts", "ends", "axes"},
     "Transpose": {"perm"}, "Reshape": {"allowzero"}, "Flatten": {"axis"}, "Squeeze": {"axes"},
-    "Unsqueeze": {"axes"}, "Gather": {"axis"}, "Pad": {"mode", "pads", "value"},
+    "Unsqueeze": {"axes"}, "Gather": {"axis"}, "Pad": {"mode", "pads", "value"}, "CenterCropPad": {"axes"},
     "Resize": {"antialias", "axes", "coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
                "extrapolation_value", "keep_aspect_ratio_policy", "mode", "nearest_mode"},
     "Upsample": {"mode", "scales"}, "Dropout": {"ratio", "seed"},
@@ -378,6 +398,7 @@ SUPPORTED_VALUES = {
 CONSTANT_INPUTS = {
     "Reshape": ((1, 5, "shape"),), "Squeeze": ((1, 13, "axes"),), "Unsqueeze": ((1, 13, "axes"),),
     "Split": ((1, 13, "split"),), "Slice": ((1, 10, "starts"), (2, 10, "ends"), (3, 10, "axes"), (4, 10, "steps")),
-    "Pad": ((1, 11, "pads"), (3, 18, "axes")), "Resize": ((1, 10, "scales/roi"), (2, 11, "scales"), (3, 11, "sizes")),
+    "Pad": ((1, 11, "pads"), (3, 18, "axes")), "CenterCropPad": ((1, 18, "shape"),),
+    "Resize": ((1, 10, "scales/roi"), (2, 11, "scales"), (3, 11, "sizes")),
     "Upsample": ((1, 9, "scales"),),
 }
