@@ -941,4 +941,3 @@ def test_inline_sigmoid_float32_accuracy(monkeypatch, cpu):
     assert y[x == 0.0].tolist() == [0.5] * int((x == 0.0).sum()) and (y[x >= 17.5] == 1.0).all()
     assert np.isnan(y[np.isnan(x)]).all() and y[x == np.inf].tolist() == [1.0]
     assert 0.0 <= y[x == -np.inf][0] <= 1.2e-38
-
