@@ -18,7 +18,8 @@ For each outermost band of isl's tree (in the manner of TC's numbered ``MappedSc
 2. **reorder** the permutable band to ``[P - {u, v}, u, v, R]`` (``band_permute``);
 3. **cache tile** it (``band_tile``) with ``options.tile_sizes`` or sizes derived from the target's L2 cache
    and the band's extents; mark the outermost tile loop ``parallel`` when it is coincident and the kernel has
-   enough work;
+   enough work, after splitting one coincident member's tiles for the threads when that loop would be a
+   reduction's or would leave a thread idle (:func:`split_for_threads`);
 4. **register tile**: split the point band into ``[P - {u, v}]``, ``[u, v]`` and ``[R]``; tile ``[u, v]`` by
    ``(MR, NR)`` (``NR`` = two vectors); sink ``[R]`` and then the ``[ur, vr]`` point band below the statement
    sequence (``band_sink``: loop distribution, so an initialisation runs before the reduction that uses it),

@@ -119,17 +119,16 @@ def transpose(b: Builder, node):
     return [lazy(ys, x.dtype, text, cheap=True)]
 
 
-def _mode_index(mode: str, t: str, n: int) -> list:
-    """The source index of output index ``t`` (already shifted by the leading pad) along a dim of extent ``n``
-    in Pad's ``mode``, as ``[(condition, index), ...]`` tried in order (the last has no condition):
-    reflect mirrors without repeating the edge element (numpy's ``reflect``), edge repeats it, wrap
-    continues from the other end."""
+def _mode_index(mode: str, t: str, n: int) -> tuple[str, str]:
+    """``(before, after)``: the source index of output index ``t`` (already shifted by the leading pad) along
+    a dim of extent ``n`` in Pad's ``mode`` where ``t < 0`` and where ``t >= n``: reflect mirrors without
+    repeating the edge element (numpy's ``reflect``), edge repeats it, wrap continues from the other end."""
     last = n - 1
     if mode == "edge" or (mode == "reflect" and n == 1):
-        return [(f"{t} < 0", "0"), (f"{t} > {last}", str(last)), (None, t)]
+        return "0", str(last)
     if mode == "reflect":
-        return [(f"{t} < 0", f"-({t})"), (f"{t} > {last}", f"{2 * last}-({t})"), (None, t)]
-    return [(f"{t} < 0", f"{t}+{n}"), (f"{t} > {last}", f"{t}-{n}"), (None, t)]  # wrap
+        return f"-({t})", f"{2 * last}-({t})"
+    return f"{t}+{n}", f"{t}-{n}"  # wrap
 
 
 def pad(b: Builder, node):
@@ -212,14 +211,13 @@ def _pad_mode(b: Builder, x, ys, begin, end, mode):
 
         def text(idx, d=d, src=v):
             t = _shift(idx[d], -begin[d])
-            cases = _mode_index(mode, t, x.shape[d])
-            if begin[d] <= 0:  # nothing before the first element
-                cases = [c for c in cases if c[0] is None or "< 0" not in c[0]]
-            if end[d] <= 0:
-                cases = [c for c in cases if c[0] is None or ">" not in c[0]]
-            out = src.at(idx[:d] + [cases[-1][1]] + idx[d + 1:])
-            for cond, i in reversed(cases[:-1]):
-                out = f"({cond} ? {src.at(idx[:d] + [i] + idx[d + 1:])} : {out})"
+            before, after = _mode_index(mode, t, x.shape[d])
+            at = lambda i: src.at(idx[:d] + [i] + idx[d + 1:])  # noqa: E731
+            out = at(t)
+            if end[d] > 0:  # elements after the last
+                out = f"({t} > {x.shape[d] - 1} ? {at(after)} : {out})"
+            if begin[d] > 0:  # elements before the first
+                out = f"({t} < 0 ? {at(before)} : {out})"
             return out
         v, inlined = lazy(shape, x.dtype, text), inlined + 1
     return v
