@@ -888,15 +888,21 @@ def test_host_target():
     assert isinstance(t, Target) and "cores=" in str(t)
 
 
+def _target_cpu(monkeypatch, cpu) -> None:
+    """Compile for ``cpu`` (None: the host). A pre-AVX2 host cannot run znver3 code at all (polyc refuses it:
+    test_target.py), so that row is skipped there with this reason; the host row still runs."""
+    if cpu is not None:
+        if not host_target().has_feature("avx2"):
+            pytest.skip("the host cannot run AVX2 code (znver3), which polyc refuses to run on it")
+        monkeypatch.setenv("POLYC_CPU", cpu)
+
+
 @pytest.mark.parametrize("cpu", [None, "znver3"])
 def test_inline_exp_float32_is_within_one_ulp_everywhere(monkeypatch, cpu):
     """The inline float32 exp (AVX-512's vscalefps path in 16-lane vectors, the two-step exponent-field
     scaling elsewhere: AVX2 vectors, the scalar remainder) against float64 numpy over a sweep of every
     97th float in [-110, 95], plus overflow, underflow to subnormals and zero, infinities and NaN."""
-    if cpu is not None:
-        if not host_target().has_feature("avx2"):  # a pre-AVX2 host cannot run znver3 code at all (polyc
-            pytest.skip("the host cannot run AVX2 code")  # refuses it: test_target.py); the host row still runs
-        monkeypatch.setenv("POLYC_CPU", cpu)
+    _target_cpu(monkeypatch, cpu)
     k = polyc.define("def e(float(N) X) -> (Y) { Y(i) = exp(X(i)) }")
     pos = np.arange(0, np.float32(95.0).view(np.int32), 97, dtype=np.int32).view(np.float32)
     neg = -np.arange(0, np.float32(110.0).view(np.int32), 97, dtype=np.int32).view(np.float32)
@@ -922,10 +928,7 @@ def test_inline_sigmoid_float32_accuracy(monkeypatch, cpu):
     field in AVX2 vectors and the scalar remainder) against float64 numpy over every 97th float in
     [-100, 100]: within 3 ulp where the result is a normal float, within 1.2e-38 below that, exact at 0
     (0.5) and beyond 17.5 (1.0), NaN for NaN."""
-    if cpu is not None:
-        if not host_target().has_feature("avx2"):  # a pre-AVX2 host cannot run znver3 code (see above)
-            pytest.skip("the host cannot run AVX2 code")
-        monkeypatch.setenv("POLYC_CPU", cpu)
+    _target_cpu(monkeypatch, cpu)
     k = polyc.define("def s(float(N) X) -> (Y) { Y(i) = sigmoid(X(i)) }")
     pos = np.arange(0, np.float32(100.0).view(np.int32), 97, dtype=np.int32).view(np.float32)
     x = np.concatenate([pos, -pos, np.array([np.nan, np.inf, -np.inf, 17.5, 88.0, -87.0, -87.4, -89.0, 0.0, 1.0,

@@ -427,15 +427,14 @@ def _exp_reduced(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> tuple:
     ty = x.type
 
     def fma(a, m, k):
-        return b.call(intrinsic(module, "fma", ty, 3), [a, m, const(ty, k)] if not isinstance(k, ir.Value)
-                      else [a, m, k])
+        return b.call(intrinsic(module, "fma", ty, 3), [a, m, k])
 
     n = b.call(intrinsic(module, "roundeven", ty, 1), [b.fmul(x, const(ty, 1.44269504088896341))])
     r = fma(n, const(ty, -0.693359375), x)
     r = fma(n, const(ty, 2.12194440e-4), r)
     p = const(ty, 1.9875691500e-4)
     for k in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1, 1.0, 1.0):
-        p = fma(p, r, k)
+        p = fma(p, r, const(ty, k))
     return p, n
 
 
@@ -455,11 +454,14 @@ def _scalef(module: ir.Module, p: ir.Value, n: ir.Value, b: ir.IRBuilder) -> ir.
                            ir.Constant(I32, 4)])  # all lanes, the current rounding mode
 
 
-def _pow2(b: ir.IRBuilder, n: ir.Value) -> ir.Value:
-    """``2^n`` for an integral float32 ``n`` in [-126, 127], built in the exponent field."""
-    ity = _with_elem(n.type, I32)
-    ni = freeze(b, b.fptosi(n, ity))
-    return b.bitcast(b.shl(b.add(ni, const(ity, 127)), const(ity, 23)), n.type)
+def _exponent_int(b: ir.IRBuilder, n: ir.Value) -> ir.Value:
+    """The integral float32 ``n`` as i32 (frozen: a NaN gives some integer, never poison)."""
+    return freeze(b, b.fptosi(n, _with_elem(n.type, I32)))
+
+
+def _pow2(b: ir.IRBuilder, e: ir.Value, ty: ir.Type) -> ir.Value:
+    """``2^e`` as float32 (type ``ty``) for an i32 ``e`` in [-126, 127], built in the exponent field."""
+    return b.bitcast(b.shl(b.add(e, const(e.type, 127)), const(e.type, 23)), ty)
 
 
 def exp_float32(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> ir.Value:
@@ -478,11 +480,9 @@ def exp_float32(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> ir.Value:
     p, n = _exp_reduced(module, _clamp(b, x, -104.0, 89.0), b)
     if isinstance(ty, ir.VectorType) and ty.count == 16:
         return _scalef(module, p, n, b)
-    ity = _with_elem(ty, I32)
-    ni = freeze(b, b.fptosi(n, ity))
-    half = b.ashr(ni, const(ity, 1))
-    scales = [b.bitcast(b.shl(b.add(e, const(ity, 127)), const(ity, 23)), ty) for e in (half, b.sub(ni, half))]
-    return b.fmul(b.fmul(p, scales[0]), scales[1])
+    ni = _exponent_int(b, n)
+    half = b.ashr(ni, const(ni.type, 1))
+    return b.fmul(b.fmul(p, _pow2(b, half, ty)), _pow2(b, b.sub(ni, half), ty))
 
 
 def sigmoid_float32(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> ir.Value:
@@ -499,7 +499,7 @@ def sigmoid_float32(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> ir.Value
     if isinstance(ty, ir.VectorType) and ty.count == 16:
         e = _scalef(module, p, n, b)
     else:
-        e = b.fmul(p, _pow2(b, n))
+        e = b.fmul(p, _pow2(b, _exponent_int(b, n), ty))
     return b.fdiv(const(ty, 1.0), b.fadd(const(ty, 1.0), e))
 
 
