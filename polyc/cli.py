@@ -157,12 +157,15 @@ def file_of(specs: list[str], name: str) -> str:
 
 def _feeds(model, given: dict) -> dict:
     """Feeds: the arrays ``given`` (checked by :func:`load_feeds`); inputs not given get seeded random
-    values."""
+    values (for a string input, words of random lowercase letters)."""
     rng = np.random.default_rng(0)
     feeds = {}
     for name, shape, dtype in zip(model.input_names, model.input_shapes, model.input_dtypes):
         if name in given:
             feeds[name] = given[name]
+        elif dtype == np.dtype(object):
+            letters = rng.integers(ord("a"), ord("z") + 1, (int(np.prod(shape, dtype=np.int64)), 6))
+            feeds[name] = np.array(["".join(map(chr, w)) for w in letters], dtype=object).reshape(shape)
         elif np.issubdtype(dtype, np.floating):
             feeds[name] = rng.standard_normal(shape).astype(dtype)
         else:
@@ -197,6 +200,9 @@ def _run_model(args) -> int:
     outputs = model.run(feeds)
     for name, out in zip(model.output_names, outputs):
         flat = out.reshape(-1)
+        if out.dtype == np.dtype(object):
+            print(f"output {name}: string{list(out.shape)} first={flat[:4].tolist()}")
+            continue
         top = int(np.argmax(flat)) if flat.size else -1
         print(f"output {name}: {out.dtype}{list(out.shape)} min={flat.min():.6g} max={flat.max():.6g} "
               f"mean={flat.mean():.6g} argmax={top}")

@@ -148,3 +148,18 @@ def test_bundled_model_output_is_compared_with_its_expected_output(capsys):
     assert cli._compare_expected("resnet50", wrong) == 1
     assert "MISMATCH: 1 of 1000 elements differ" in capsys.readouterr().out
     assert cli._compare_expected("resnet50", expected[:, :10]) == 1
+
+
+def test_run_feeds_words_to_a_string_input(capsys, tmp_path):
+    import re
+
+    g = helper.make_graph([helper.make_node("StringNormalizer", ["x"], ["y"], case_change_action="UPPER")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.STRING, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.STRING, [3])])
+    path = str(tmp_path / "strings.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main(["run", path, "--bench", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "on the host (strings): StringNormalizer 1" in printed
+    words = printed.split("output y: string[3] first=")[1].splitlines()[0]
+    assert re.fullmatch(r"\['[A-Z]{6}', '[A-Z]{6}', '[A-Z]{6}'\]", words)

@@ -2,7 +2,7 @@
 
 The node cases come from ``onnx.backend.test.loader`` in memory (the wheel lacks the data directory). A case
 is included when every op of its model is one polyc supports (``polyc.onnx.ops.CONVERTERS``, the alias
-ops and the sequence ops resolved by ``polyc.onnx.sequences``); the count of passes is quoted in the README.
+ops, the sequence ops resolved by ``polyc.onnx.sequences`` and the string ops of ``polyc.onnx.strings``); the count of passes is quoted in the README.
 Run ``pytest tests/test_onnx_backend.py -q`` to count.
 """
 import re
@@ -15,9 +15,10 @@ from onnx.backend.test.loader import load_model_tests
 import polyc.onnx.backend
 from polyc.onnx.ops import CONVERTERS
 from polyc.onnx.sequences import OPTIONAL_OPS, SEQUENCE_OPS
+from polyc.onnx.strings import HOST_OPS
 
 SUPPORTED = set(CONVERTERS) | {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"} \
-    | set(SEQUENCE_OPS) | set(OPTIONAL_OPS)
+    | set(SEQUENCE_OPS) | set(OPTIONAL_OPS) | set(HOST_OPS)
 
 
 def supported_node_tests():

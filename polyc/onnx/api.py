@@ -3,6 +3,7 @@
     model = load_model(path, input_shapes)      # onnx checker + strict shape inference, static inputs
     graph = from_model(model)                   # networkx graph IR
     graph = simplify(graph)                     # folding, CSE, BN folding, DCE, static shapes
+    graph, strings = split_strings(graph)       # string ops: a stage the host runs before the kernels
     check_shapes(graph); check_sizes(graph)     # every node's shapes fit its op; fits in memory
     check_supported(graph)                      # every unsupported node listed at once
     groups = fusion_groups(graph)               # which nodes become one kernel
@@ -30,6 +31,7 @@ from .load import ModelLike, feed_initializers, load_model, overridable_initiali
 from .lower import check_supported, lower_groups
 from .memory import plan_memory
 from .passes import simplify
+from .strings import STRING, as_strings, split_strings
 from .validate import check_shapes, check_sizes, too_large
 
 
@@ -72,7 +74,10 @@ class CompiledModel:
     ``summary()`` prints the fusion groups, the slowest kernels to compile and the arena.
     """
 
-    def __init__(self, graph, groups, kernels, plan, steps, timings, executor, stage_seconds):
+    def __init__(self, graph, groups, kernels, plan, steps, timings, executor, stage_seconds, strings=None,
+                 interface=None):
+        """``graph``: the graph the kernels compute; ``interface``: the model's whole graph (its inputs and
+        outputs), when a :class:`~polyc.onnx.strings.StringStage` ``strings`` runs part of it on the host."""
         self.graph = graph
         self.groups = groups
         self.kernels = kernels
@@ -81,12 +86,14 @@ class CompiledModel:
         self.compile_seconds = timings
         self.stage_seconds = stage_seconds
         self.executor = executor
+        self.strings = strings
         self._profiler = None
-        tensors = graph.graph["tensors"]
-        self.input_names = tuple(graph.graph["inputs"])
+        interface = graph if interface is None else interface
+        tensors = interface.graph["tensors"]
+        self.input_names = tuple(interface.graph["inputs"])
         self.input_shapes = tuple(tensors[n].shape for n in self.input_names)
         self.input_dtypes = tuple(np.dtype(tensors[n].dtype) for n in self.input_names)
-        self.output_names = tuple(graph.graph["outputs"])
+        self.output_names = tuple(interface.graph["outputs"])
         self.output_shapes = tuple(tensors[n].shape for n in self.output_names)
         self.output_dtypes = tuple(np.dtype(tensors[n].dtype) for n in self.output_names)
 
@@ -101,7 +108,7 @@ class CompiledModel:
             for name, shape, dtype in zip(self.input_names, self.input_shapes, self.input_dtypes):
                 value = feeds.get(name)
                 if type(value) is not np.ndarray or value.dtype != dtype or value.shape != tuple(shape) \
-                        or not value.flags.c_contiguous:
+                        or not value.flags.c_contiguous or dtype == STRING:
                     break
             else:
                 return dict(feeds)
@@ -118,7 +125,9 @@ class CompiledModel:
             if name not in feeds:
                 raise ShapeError(f"missing input {name!r}: expected {dtype.name}{list(shape)}")
             value = feeds[name]
-            if not isinstance(value, np.ndarray):
+            if dtype == STRING:
+                value = as_strings(value, name)
+            elif not isinstance(value, np.ndarray):
                 try:
                     value = np.asarray(value, dtype=dtype)
                 except (TypeError, ValueError, OverflowError) as e:
@@ -130,7 +139,7 @@ class CompiledModel:
                                       f"{'ml_dtypes' if dtype.name == 'bfloat16' else 'np'}.{dtype.name})")
             if tuple(value.shape) != tuple(shape):
                 raise ShapeError(f"input {name!r}: expected shape {list(shape)}, got {list(value.shape)}")
-            out[name] = np.ascontiguousarray(value)
+            out[name] = value if value.flags.c_contiguous else np.ascontiguousarray(value)  # keeps 0-d
         return out
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list:
@@ -143,13 +152,19 @@ class CompiledModel:
         """
         checked = self.check_feeds(feeds)
         if not self.defaults:
-            return self.executor.run(checked)
+            return self._execute(checked)
         fed = {n: v for n, v in checked.items() if n in self.defaults and n not in self.input_names}
         overridden = {n: v for n, v in fed.items() if not np.array_equal(v, self.defaults[n])}
         if not overridden:
-            return self.executor.run({n: v for n, v in checked.items() if n not in fed})
+            return self._execute({n: v for n, v in checked.items() if n not in fed})
         variant = self._variant(overridden)
         return variant.run({n: v for n, v in checked.items() if n in variant.input_names})
+
+    def _execute(self, feeds: dict) -> list:
+        """The outputs for checked ``feeds``: the kernels, after the host's string stage when there is one."""
+        if self.strings is None:
+            return self.executor.run(feeds)
+        return self.strings.run(feeds, self.executor)
 
     def _variant(self, overridden: dict) -> "CompiledModel":
         """The model compiled with the initializers in ``overridden`` fed (see :meth:`run`)."""
@@ -170,6 +185,8 @@ class CompiledModel:
         """
         times: dict = {}
         checked = self.check_feeds(feeds)
+        if self.strings is not None:
+            checked = self.strings.kernel_feeds(checked)[1]
         if self._profiler is None:
             self._profiler = self.executor if isinstance(self.executor, PythonExecutor) \
                 else PythonExecutor(self.executor.program)
@@ -201,6 +218,8 @@ class CompiledModel:
         lines = [f"ops after passes: " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda x: -x[1])),
                  groups_summary(self.graph, self.groups),
                  f"kernels: {len(self.steps)} calls, {len(self.compile_seconds)} distinct defs compiled"]
+        if self.strings is not None:
+            lines.insert(1, self.strings.summary())
         by_time = sorted(self.compile_seconds.items(), key=lambda x: -x[1])[:slowest]
         names = {k.source: k.name for k in self.kernels if k is not None}
         for source, seconds in by_time:
@@ -258,6 +277,8 @@ def _compile(model_or_path, options, input_shapes, progress, stage: list) -> Com
     t = time.perf_counter()
     stage[0] = "running the graph passes"
     graph = simplify(graph)
+    interface = graph
+    graph, strings = split_strings(graph)
     seconds["passes"] = time.perf_counter() - t
     stage[0] = "validating shapes"
     check_shapes(graph)
@@ -294,7 +315,7 @@ def _compile(model_or_path, options, input_shapes, progress, stage: list) -> Com
     seconds["executor"] = time.perf_counter() - t
     for source, spent in executor.compile_seconds.items():
         timings[source] = timings.get(source, 0.0) + spent
-    compiled = CompiledModel(graph, groups, kernels, plan, steps, timings, executor, seconds)
+    compiled = CompiledModel(graph, groups, kernels, plan, steps, timings, executor, seconds, strings, interface)
     compiled.defaults = defaults
     compiled._source = proto if defaults else None  # kept only to compile a variant with fed initializers
     compiled._constant_like = needs_constant(proto) if defaults else set()

@@ -394,13 +394,15 @@ ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 
 def supported_ops(opset: int) -> list:
     """The default-domain ops polyc compiles at ``opset``: those with a converter, the alias ops,
-    Dropout (removed in inference mode by :func:`~polyc.onnx.passes.remove_identities`) and the sequence and
-    optional ops resolved at compile time by :mod:`polyc.onnx.sequences`."""
+    Dropout (removed in inference mode by :func:`~polyc.onnx.passes.remove_identities`), the sequence and
+    optional ops resolved at compile time by :mod:`polyc.onnx.sequences` and the string ops the host runs
+    (:mod:`polyc.onnx.strings`)."""
     from .ops import CONVERTERS, converter
     from .sequences import supported_ops as sequence_ops
+    from .strings import supported_ops as string_ops
 
     return sorted({op for op in CONVERTERS if converter(op, opset) is not None} | set(ALIAS_OPS) | {"Dropout"}
-                  | sequence_ops(opset))
+                  | sequence_ops(opset) | string_ops(opset))
 
 
 def _grouped(problems: list) -> list:
