@@ -38,14 +38,14 @@ from .codegen import compile_module, emit_entry, emit_kernel, host_target, load_
 from .errors import KernelRuntimeError, PolycError, ShapeError
 from .lang import ast as L
 from .lang import check_def, parse
-from .lang.sema import numpy_dtype
+from .lang.sema import itemsize, numpy_dtype
 from .options import Options
 from .poly.astbuild import ast_to_c, build_ast
 from .poly.build import build_scop, checked_reads
 from .poly.deps import compute_dependences
 from .poly import schedule as schedule_module
 from .poly.schedule import compute_schedule
-from .poly.promote import promote
+from .poly.promote import packed_array, promote
 from .poly.strategy import optimize
 from .poly.verify import check_schedule
 from .runtime import cache
@@ -98,10 +98,12 @@ class Stages:
         raise PolycError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
 
 
-def lower_stages(checked: L.CheckedDef, sizes: dict, options: Options, target) -> tuple:
+def lower_stages(checked: L.CheckedDef, sizes: dict, options: Options, target,
+                 constants: frozenset = frozenset()) -> tuple:
     """The polyhedral half of the pipeline: CheckedDef + sizes → Scop → dependences → schedule → CPU
     transforms → promotion → isl AST. Returns ``(scop, deps, schedule, transformed, ast)``; ``scop`` is the
-    promoted Scop codegen needs (its ``local`` tensors are not kernel arguments), ``deps`` those of the
+    promoted Scop codegen needs (its ``local`` tensors are not kernel arguments; an input named in
+    ``constants`` may arrive packed, see :func:`~polyc.poly.promote.promote`), ``deps`` those of the
     original. Each stage is logged (``POLYC_DEBUG``) and the verifier runs between stages when on."""
     t = time.perf_counter()
     scop = build_scop(checked, sizes)
@@ -118,7 +120,7 @@ def lower_stages(checked: L.CheckedDef, sizes: dict, options: Options, target) -
         check_schedule(schedule, scop, deps, "schedule")
         check_schedule(transformed, scop, deps, "transformed")
     if packings:
-        scop, transformed = promote(scop, transformed, packings, target, options)
+        scop, transformed = promote(scop, transformed, packings, target, options, constants)
         if verifying():
             check_schedule(transformed, scop, compute_dependences(scop), "promoted")
     debug.log_stage("transformed", transformed, t)
@@ -611,21 +613,43 @@ class KernelCall:
     args: tuple[tuple[int, int], ...]
 
 
+@dataclass(frozen=True)
+class PackedSlot:
+    """A buffer slot a linked program adds for a constant some kernel reads packed: the values of slot
+    ``source`` (elements of ``itemsize`` bytes, read as ``shape``) in panels of ``block``
+    (:func:`~polyc.poly.promote.packed_array`)."""
+
+    source: int
+    shape: tuple
+    itemsize: int
+    block: int
+
+    def pack(self, constant: np.ndarray) -> np.ndarray:
+        """The packed copy of ``constant`` (the array at slot ``source``: its bytes, in any shape; packing
+        moves whole elements, so they are handled as unsigned integers of the same size)."""
+        values = np.ascontiguousarray(constant).reshape(-1).view(np.uint8)
+        return packed_array(values.view(np.dtype(f"u{self.itemsize}")).reshape(self.shape), self.block)
+
+
 class NativeProgram:
     """Kernels linked into one LLVM module with a generated entry point that calls them in order.
 
     ``run(buffers)`` takes one base pointer (int) per slot; a kernel fault raises KernelRuntimeError naming
-    the kernel. ``from_cache`` says whether the object code came from the disk cache.
+    the kernel. ``from_cache`` says whether the object code came from the disk cache. ``packed`` lists the
+    slots the program added after the caller's (:class:`PackedSlot`: slot ``n_slots - len(packed) + i``),
+    which the caller fills once with ``packed[i].pack(constant)``.
     """
 
-    def __init__(self, name: str, jit, kernel_names: tuple[str, ...], n_slots: int, from_cache: bool):
+    def __init__(self, name: str, jit, kernel_names: tuple[str, ...], n_slots: int, from_cache: bool,
+                 packed: tuple = ()):
         self.name = name
         self._jit = jit
         self.kernel_names = kernel_names
-        self.n_slots = n_slots
+        self.n_slots = n_slots + len(packed)
+        self.packed = packed
         self.from_cache = from_cache
         self._fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(jit.address(name))
-        self._table = ctypes.c_void_p * max(1, n_slots)
+        self._table = ctypes.c_void_p * max(1, self.n_slots)
 
     def run(self, buffers) -> None:
         """Run every call; ``buffers`` are the slots' base addresses (ints). Thread-safe when concurrent
@@ -639,50 +663,81 @@ class NativeProgram:
 
 
 def link_program(name: str, kernels, calls, n_slots: int, options: Options | None = None,
-                 on_kernel=None) -> NativeProgram:
+                 on_kernel=None, constant_slots: frozenset = frozenset()) -> NativeProgram:
     """Compile ``kernels`` (``[(Kernel, sizes), ...]``) into one module whose entry ``@name(ptr buffers)``
     makes ``calls`` (:class:`KernelCall`) in order — a whole model as one native call.
 
     Each kernel is lowered once, straight into the shared module (no kernel is JIT-compiled on its own), in
     the order given; ``on_kernel(index, seconds)``, when given, is called after kernel ``index`` is lowered
     and emitted (so on an error, the kernels reported so far are the ones that succeeded). The object code
-    is cached on disk under a key over every kernel's source, def, sizes, the options, the calls and the
-    target; a hit skips the compiler entirely and reports no kernel. Raises what the pipeline raises.
+    is cached on disk under a key over every kernel's source, def, sizes, the options, the calls, the
+    constant slots and the target; a hit skips the compiler entirely and reports no kernel. Raises what the
+    pipeline raises.
+
+    ``constant_slots``: slots whose contents never change (a model's weights). A kernel input that is at
+    offset 0 of a constant slot in every call of that kernel is packed once instead of per call where the
+    strategy packs it: the program reads it from a slot of its own (:attr:`NativeProgram.packed`).
     """
     with _COMPILE_LOCK:
-        return _link_program(name, kernels, calls, n_slots, options or Options(), on_kernel)
+        return _link_program(name, kernels, calls, n_slots, options or Options(), on_kernel,
+                             frozenset(constant_slots))
 
 
-def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_kernel) -> NativeProgram:
+def _constant_inputs(kernel: "Kernel", index: int, calls, constant_slots: frozenset) -> frozenset:
+    """Names of the inputs of kernel ``index`` at offset 0 of a constant slot in every call of it."""
+    mine = [c for c in calls if c.kernel == index]
+    return frozenset(t.name for j, t in enumerate(kernel.checked.tensors) if t.role == "input" and mine and all(
+        c.args[j][0] in constant_slots and c.args[j][1] == 0 for c in mine))
+
+
+def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_kernel,
+                  constant_slots: frozenset) -> NativeProgram:
     """:func:`link_program` under the compile lock."""
     target = host_target()
     described = [(k.source, k.name, sorted(sizes.items())) for k, sizes in kernels]
     layout = [(c.kernel, c.args) for c in calls]
-    key = cache.make_key(__version__, "program", name, described, layout, n_slots, options.to_spec(),
-                         target.key(), _versions())
+    key = cache.make_key(__version__, "program", name, described, layout, n_slots, sorted(constant_slots),
+                         options.to_spec(), target.key(), _versions())
     symbols = tuple(f"{name}.k{i}.{k.name}" for i, (k, _) in enumerate(kernels))
     entry = cache.load(key)
     if entry is not None:
         try:
             jit = load_object(entry["object"], target, (name,))
-            return NativeProgram(name, jit, symbols, n_slots, True)
+            packed = tuple(PackedSlot(s, tuple(shape), size, block) for s, shape, size, block in entry["packed"])
+            return NativeProgram(name, jit, symbols, n_slots, True, packed)
         except Exception as exc:  # a stale or foreign entry: rebuild it
             debug.log(f"cache: program {name} unusable ({exc}); rebuilding")
             cache.remove(key)
     started = time.perf_counter()
     cut_before = schedule_module.cut_off
     module = new_module(target)
+    packed_slots: dict = {}  # PackedSlot -> its slot
+    blocks = []  # per kernel: {argument index: (shape, dtype, block)} of the inputs it reads packed
     for index, (symbol, (k, sizes)) in enumerate(zip(symbols, kernels)):
         t = time.perf_counter()
-        scop, _deps, _schedule, _transformed, ast = lower_stages(k.checked, sizes, options, target)
+        constants = _constant_inputs(k, index, calls, constant_slots)
+        scop, _deps, _schedule, _transformed, ast = lower_stages(k.checked, sizes, options, target, constants)
         emit_kernel(module, dataclasses.replace(scop, name=symbol), ast, target, options)
+        signature = k.signature(sizes)
+        blocks.append({j: (tuple(signature[j].shape), itemsize(t.dtype), t.packed)
+                       for j, t in enumerate(scop.tensors) if t.packed})
         if on_kernel is not None:
             on_kernel(index, time.perf_counter() - t)
-    emit_entry(module, name, [(symbols[c.kernel], list(c.args)) for c in calls])
+    entry_calls = []
+    for c in calls:
+        args = list(c.args)
+        for j, (shape, size, block) in blocks[c.kernel].items():
+            slot = PackedSlot(args[j][0], shape, size, block)
+            args[j] = (packed_slots.setdefault(slot, n_slots + len(packed_slots)), 0)
+        entry_calls.append((symbols[c.kernel], args))
+    emit_entry(module, name, entry_calls)
     t = time.perf_counter()
     jit = compile_module(str(module), target, options.opt_level)
     debug.log_stage("link", "", t)
+    packed = tuple(packed_slots)
     if schedule_module.cut_off == cut_before:  # see polyc.poly.schedule.cut_off
-        cache.store(key, {"object": jit.object_code})
-    debug.log(f"program {name}: {len(kernels)} kernels linked in {(time.perf_counter() - started):.2f} s")
-    return NativeProgram(name, jit, symbols, n_slots, False)
+        cache.store(key, {"object": jit.object_code,
+                          "packed": [(p.source, list(p.shape), p.itemsize, p.block) for p in packed]})
+    debug.log(f"program {name}: {len(kernels)} kernels linked in {(time.perf_counter() - started):.2f} s"
+              + (f", {len(packed)} constants packed once" if packed else ""))
+    return NativeProgram(name, jit, symbols, n_slots, False, packed)

@@ -103,3 +103,50 @@ def test_native_compile_lowers_each_kernel_once_and_jits_per_kernel_only_for_the
     assert isinstance(debug_model.executor, ponnx.executor.PythonExecutor)
     assert stage_counts(capsys.readouterr().err)["link"] == 0  # the Python executor links nothing
     np.testing.assert_array_equal(debug_model.run({"x": x})[0], got[0])
+
+
+def test_constant_weights_are_packed_once_and_give_the_same_bits(tmp_path, monkeypatch):
+    """Weights the strategy packs arrive packed (polyc.poly.promote, constants): one packed slot per weight,
+    also for two calls of one def with different weights; a weight read plainly elsewhere keeps its own slot;
+    results are the Python executor's (which packs on every call) bit for bit, and survive the disk cache."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    rng = np.random.default_rng(5)
+
+    def init(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+
+    f32 = TensorProto.FLOAT
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]),
+             helper.make_node("Mul", ["w", "s"], ["ws"]),  # w read plainly by another kernel
+             helper.make_node("Conv", ["a", "k1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["b", "k2"], ["c2"], pads=[1, 1, 1, 1])]  # the same def as c1
+    graph = helper.make_graph(
+        nodes, "packed",
+        [helper.make_tensor_value_info("x", f32, [48, 256]), helper.make_tensor_value_info("a", f32, [1, 64, 10, 10]),
+         helper.make_tensor_value_info("b", f32, [1, 64, 10, 10])],
+        [helper.make_tensor_value_info("y", f32, [48, 1030]), helper.make_tensor_value_info("ws", f32, [256, 1030]),
+         helper.make_tensor_value_info("c1", f32, [1, 128, 10, 10]),
+         helper.make_tensor_value_info("c2", f32, [1, 128, 10, 10])],
+        [init("w", 256, 1030), init("s", 1030), init("k1", 128, 64, 3, 3), init("k2", 128, 64, 3, 3)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    compiled = ponnx.compile(model)
+    native = compiled.executor
+    packed = native.native.packed
+    assert len(packed) == 3 and {p.block for p in packed} == {packed[0].block}  # w, k1, k2: one panel width
+    assert sorted(len(p.shape) for p in packed) == [2, 4, 4]
+    feeds = compiled.check_feeds({"x": rng.standard_normal((48, 256)).astype(np.float32),
+                                  "a": rng.standard_normal((1, 64, 10, 10)).astype(np.float32),
+                                  "b": rng.standard_normal((1, 64, 10, 10)).astype(np.float32)})
+    got = native.run(feeds)
+    for a, b in zip(got, ponnx.executor.PythonExecutor(native.program).run(feeds)):
+        np.testing.assert_array_equal(a, b)
+    expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    again = NativeExecutor(native.program)
+    assert again.native.from_cache and again.native.packed == packed
+    for a, b in zip(again.run(feeds), got):
+        np.testing.assert_array_equal(a, b)

@@ -803,7 +803,8 @@ def _type_suffix(ty: ir.Type) -> str:
 def flat_stride(scop: Scop, tensor: str, args, strides: dict[str, int]) -> int | None:
     """The element stride of access ``tensor(args)`` per vector lane (None if not affine), C order.
 
-    A packed buffer (role ``local``, :mod:`polyc.poly.promote`) is read at ``v / c`` and ``v % c``: the
+    A packed buffer (role ``local``, or an input that arrives packed, :mod:`polyc.poly.promote`) is read at
+    ``v / c`` and ``v % c``: the
     strategy packs only along a vector loop whose lanes stay inside one block of ``c``, so there ``v / c``
     is invariant and ``v % c`` moves like ``v``.
     """
@@ -811,7 +812,7 @@ def flat_stride(scop: Scop, tensor: str, args, strides: dict[str, int]) -> int |
     shape = t.shape
     total, step = 0, 1
     for extent, arg in reversed(list(zip(shape, args))):
-        if t.role == "local" and isinstance(arg, L.Binary) and arg.op in ("/", "%") \
+        if (t.role == "local" or t.packed) and isinstance(arg, L.Binary) and arg.op in ("/", "%") \
                 and isinstance(arg.rhs, L.Const):
             s = index_stride(arg.lhs, strides)
             s = None if s is None else (0 if arg.op == "/" else s)

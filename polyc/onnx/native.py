@@ -8,7 +8,9 @@ straight into that module: nothing is JIT-compiled per kernel (the steps' signat
 shape). Identical kernels (the same def and sizes) are emitted once and called several times. The linked
 object code is cached on disk, so a second process loads the model without compiling anything.
 
-Buffer slots: 0 is the arena, then one per graph input (in order), then one per constant.
+Buffer slots: 0 is the arena, then one per graph input (in order), then one per constant, then one per
+constant a kernel reads packed (panel-major, packed once here instead of on every call: see
+:attr:`polyc.kernel.NativeProgram.packed`).
 """
 from __future__ import annotations
 
@@ -70,7 +72,8 @@ class NativeExecutor:
 
         t = time.perf_counter()
         try:
-            self.native = link_program(name, kernels, calls, self.n_slots, options, on_kernel=on_kernel)
+            self.native = link_program(name, kernels, calls, self.n_slots, options, on_kernel=on_kernel,
+                                       constant_slots=frozenset(self.constant_slots.values()))
         except PolycError as exc:
             if len(done) == len(kernels):
                 raise
@@ -83,6 +86,8 @@ class NativeExecutor:
                 bar[0].close()
         self.link_seconds = time.perf_counter() - t
         self.kernel_count = len(kernels)
+        by_slot = {slot: self.constants[n] for n, slot in self.constant_slots.items()}
+        self.packed = [p.pack(by_slot[p.source]) for p in self.native.packed]  # once, for every run
 
     def _where(self, tensor: str) -> tuple[int, int]:
         """``(slot, byte offset)`` of a tensor's storage."""
@@ -115,8 +120,9 @@ class NativeExecutor:
 
     @functools.cached_property
     def _constant_pointers(self) -> list:
-        """The constants' base addresses (they live as long as the executor)."""
-        return [self.constants[n].ctypes.data for n in self.constant_names]
+        """The constants' base addresses, then those of the constants packed once (they live as long as the
+        executor)."""
+        return [self.constants[n].ctypes.data for n in self.constant_names] + [p.ctypes.data for p in self.packed]
 
     @functools.cached_property
     def _output_places(self) -> list:

@@ -14,6 +14,11 @@ carries it out on the Scop and the schedule tree, as PPCG and AKG do promotion, 
 
 The copy runs once per call, before everything else; the RAW dependence copy → compute is satisfied by the
 sequence (the verifier checks it with the promoted Scop's own dependences).
+
+An input whose values do not change between calls (a model's weights: ``constants``) is not copied at all
+when the packed read is its only read: the kernel reads the argument itself in the packed layout (its
+:class:`~polyc.poly.scop.Tensor` gets the packed shape and ``packed = block``), and the caller packs the
+values once with :func:`packed_array` (what the native executor does with a model's constants).
 """
 from __future__ import annotations
 
@@ -23,17 +28,18 @@ import islpy as isl
 
 from ..lang import ast as L
 from ..options import Options
-from .affine import affine_text, isl_name
+from .affine import accesses_in, affine_text, isl_name
 from .scop import PolyStatement, Scop, Tensor
 from .strategy import Packing, mark_parallel, threads, work, PARALLEL_MIN_WORK
 from .transforms import band_split, insert_mark
 
 
 def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], target,
-            options: Options) -> tuple[Scop, isl.Schedule]:
+            options: Options, constants: frozenset = frozenset()) -> tuple[Scop, isl.Schedule]:
     """Carry out ``packings`` (from :func:`~polyc.poly.strategy.optimize`): returns the promoted Scop (local
     tensors appended after the kernel's arguments, copy statements, rewritten reads) and the schedule with the
-    copies in sequence before ``schedule``. Without packings both come back unchanged."""
+    copies in sequence before ``schedule``. A packed input named in ``constants`` that has no other read
+    arrives packed instead (see the module docstring). Without packings both come back unchanged."""
     if not packings:
         return scop, schedule
     parallel = options.parallel and threads(options, target) > 1 and work(scop) >= PARALLEL_MIN_WORK
@@ -41,6 +47,13 @@ def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], t
     copies = []
     for k, packing in enumerate(packings):
         source = scop.tensor(packing.read.tensor)
+        if source.name in constants and source.role == "input" and _only_read(scop, packing):
+            packed = Tensor(source.name, source.dtype, _packed_shape(source.shape, packing.block), "input",
+                            packing.block)
+            tensors = [packed if t.name == source.name else t for t in tensors]
+            statements = [_rewrite(s, packing, packed, scop.sizes) if s.name == packing.statement else s
+                          for s in statements]
+            continue
         local, copy = _copy_statement(scop, packing, source, f"{source.name}__p{k}", f"P{k}")
         tensors.append(local)
         copies.append(copy)
@@ -52,11 +65,42 @@ def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], t
     return promoted, schedule
 
 
+def _packed_shape(shape: tuple, block: int) -> tuple:
+    """The panel-major shape of a tensor of ``shape`` packed in panels of ``block`` along its last dim."""
+    return (-(-shape[-1] // block),) + tuple(shape[:-1]) + (block,)
+
+
+def packed_array(array, block: int):
+    """``array`` (numpy, shape ``(a_1, ..., a_{p-1}, n)``) in the panel-major layout of a packed read:
+    shape ``(ceil(n / block), a_1, ..., a_{p-1}, block)``, element ``[v // block, a..., v % block] =
+    array[a..., v]``, the tail of the last panel zero. C-contiguous, same dtype."""
+    import numpy as np
+
+    n = array.shape[-1]
+    panels = -(-n // block)
+    padded = np.zeros(array.shape[:-1] + (panels * block,), dtype=array.dtype)
+    padded[..., :n] = array
+    return np.ascontiguousarray(np.moveaxis(padded.reshape(array.shape[:-1] + (panels, block)), -2, 0))
+
+
+def _only_read(scop: Scop, packing: Packing) -> bool:
+    """Whether ``packing.read`` is the only read of its tensor in the whole Scop (no other statement reads
+    it, and it is not read twice or inside an index)."""
+    count = 0
+    for stmt in scop.statements:
+        for access in accesses_in(stmt.rhs):
+            if access.tensor == packing.read.tensor:
+                count += 1
+                if stmt.name != packing.statement or access != packing.read:
+                    return False
+    return count == 1
+
+
 def _copy_statement(scop: Scop, packing: Packing, source: Tensor, name: str, stmt_name: str):
     """The local tensor and the copy statement of ``packing`` (see the module docstring)."""
     nr = packing.block
+    shape = _packed_shape(source.shape, nr)
     n = source.shape[-1]
-    shape = (-(-n // nr),) + tuple(source.shape[:-1]) + (nr,)
     local = Tensor(name, source.dtype, shape, "local")
     indices = tuple(f"p{d}" for d in range(len(shape)))  # [vb, a_1 .. a_{p-1}, vl]
     vb, *lead, vl = indices

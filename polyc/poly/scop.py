@@ -26,12 +26,16 @@ from ..lang import ast as L
 
 @dataclass(frozen=True, eq=False)
 class Tensor:
-    """A tensor of the kernel: ``shape`` in elements (C-contiguous), ``role`` input/output/temp."""
+    """A tensor of the kernel: ``shape`` in elements (C-contiguous), ``role`` input/output/temp (``local``:
+    a buffer the kernel allocates, :mod:`polyc.poly.promote`). ``packed``: for an input the caller hands over
+    already in panel-major layout (a constant packed once, :func:`~polyc.poly.promote.promote`), the panel
+    width; ``shape`` is then the packed shape. 0 for every other tensor."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     role: str
+    packed: int = 0
 
     @property
     def size(self) -> int:
