@@ -115,7 +115,7 @@ def lower_stages(checked: L.CheckedDef, sizes: dict, options: Options, target,
     schedule = compute_schedule(scop, deps, options)
     debug.log_stage("schedule", schedule, t)
     t = time.perf_counter()
-    transformed, packings = optimize(schedule, scop, deps, target, options)
+    transformed, packings = optimize(schedule, scop, deps, target, options, constants)
     if verifying():
         check_schedule(schedule, scop, deps, "schedule")
         check_schedule(transformed, scop, deps, "transformed")

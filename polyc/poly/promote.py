@@ -28,9 +28,9 @@ import islpy as isl
 
 from ..lang import ast as L
 from ..options import Options
-from .affine import accesses_in, affine_text, isl_name
+from .affine import affine_text, isl_name
 from .scop import PolyStatement, Scop, Tensor
-from .strategy import Packing, mark_parallel, threads, work, PARALLEL_MIN_WORK
+from .strategy import PARALLEL_MIN_WORK, Packing, mark_parallel, sole_read, threads, work
 from .transforms import band_split, insert_mark
 
 
@@ -47,7 +47,8 @@ def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], t
     copies = []
     for k, packing in enumerate(packings):
         source = scop.tensor(packing.read.tensor)
-        if source.name in constants and source.role == "input" and _only_read(scop, packing):
+        if source.name in constants and source.role == "input" \
+                and sole_read(scop, packing.statement, packing.read):
             packed = Tensor(source.name, source.dtype, _packed_shape(source.shape, packing.block), "input",
                             packing.block)
             tensors = [packed if t.name == source.name else t for t in tensors]
@@ -81,19 +82,6 @@ def packed_array(array, block: int):
     padded = np.zeros(array.shape[:-1] + (panels * block,), dtype=array.dtype)
     padded[..., :n] = array
     return np.ascontiguousarray(np.moveaxis(padded.reshape(array.shape[:-1] + (panels, block)), -2, 0))
-
-
-def _only_read(scop: Scop, packing: Packing) -> bool:
-    """Whether ``packing.read`` is the only read of its tensor in the whole Scop (no other statement reads
-    it, and it is not read twice or inside an index)."""
-    count = 0
-    for stmt in scop.statements:
-        for access in accesses_in(stmt.rhs):
-            if access.tensor == packing.read.tensor:
-                count += 1
-                if stmt.name != packing.statement or access != packing.read:
-                    return False
-    return count == 1
 
 
 def _copy_statement(scop: Scop, packing: Packing, source: Tensor, name: str, stmt_name: str):
