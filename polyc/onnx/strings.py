@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 import numpy as np
 
-from ..errors import PolycError, ShapeError, UnsupportedError
+from ..errors import PolycError, ShapeError
 from .graph import copy_graph, remove_op, topo_order
 from .load import ModelError
 
