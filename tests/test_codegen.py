@@ -944,3 +944,23 @@ def test_inline_sigmoid_float32_accuracy(monkeypatch, cpu):
     assert y[x == 0.0].tolist() == [0.5] * int((x == 0.0).sum()) and (y[x >= 17.5] == 1.0).all()
     assert np.isnan(y[np.isnan(x)]).all() and y[x == np.inf].tolist() == [1.0]
     assert 0.0 <= y[x == -np.inf][0] <= 1.2e-38
+
+
+def test_guarded_strided_reads_are_masked_loads_of_a_power_of_two_width():
+    """A stride-2 read under a padding guard is one masked load of the span its lanes cover, rounded up to
+    a power of two (LLVM splits an odd width such as <31 x float> down to single elements); the lanes past
+    the span and the ones the guard forbids are masked off, so the border is exact."""
+    import re
+
+    src = """def s2(float(1,4,45) X, float(4,3) W) -> (float(1,4,23) Y) {
+        Y(n, c, i) +=! (2*i+r-1 >= 0 && 2*i+r-1 < 45) ? X(n, c, 2*i+r-1) * W(c, r) : 0.0
+            where n in 0:1, c in 0:4, i in 0:23, r in 0:3
+    }"""
+    rng = np.random.default_rng(4)
+    X, W = rng.standard_normal((1, 4, 45)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    compiled = polyc.define(src).specialize(X, W)
+    widths = [int(w) for w in re.findall(r"llvm\.masked\.load\.v(\d+)f32", compiled.stage("llvm"))]
+    assert widths and all(w & (w - 1) == 0 for w in widths), widths
+    padded = np.pad(X[0], ((0, 0), (1, 1)))
+    expected = sum(padded[:, r:r + 45:2][:, :23] * W[:, r:r + 1] for r in range(3))
+    np.testing.assert_allclose(compiled(X, W)[0], expected, rtol=1e-5, atol=1e-6)

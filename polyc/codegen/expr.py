@@ -757,13 +757,16 @@ def _guarded_load(env: Env, tensor: str, flat: ir.Value, stride: int, b: ir.IRBu
     if env.lanes > 1 and stride > 1:
         # one masked load of the span the lanes cover (lane j's element at stride * j, the elements between
         # masked off, so no lane touches memory its guard forbids), then every stride-th element: a gather
-        # costs about one element per cycle on x86, a masked load one vector
+        # costs about one element per cycle on x86, a masked load one vector. The load is a power of two
+        # wide (the lanes past the span masked off too): LLVM splits an odd width such as <31 x float> into
+        # pieces down to single elements, each with its own test and branch.
         mty = memory_type(dtype)
         span = stride * (env.lanes - 1) + 1
+        span = 1 << (span - 1).bit_length()
         vty = ir.VectorType(mty, span)
         off = ir.Constant(ir.VectorType(ir.IntType(1), env.lanes), [0] * env.lanes)
         spread = b.shuffle_vector(env.mask, off, ir.Constant(ir.VectorType(I32, span), [
-            e // stride if e % stride == 0 else env.lanes for e in range(span)]))
+            e // stride if e % stride == 0 and e // stride < env.lanes else env.lanes for e in range(span)]))
         fn = declare(env.module, f"llvm.masked.load.v{span}{_type_suffix(mty)}.p0",
                      ir.FunctionType(vty, [PTR, I32, ir.VectorType(ir.IntType(1), span), vty]))
         wide = b.call(fn, [element_pointer(env, tensor, flat, b), ir.Constant(I32, element_bytes(dtype)), spread,
