@@ -130,9 +130,11 @@ def lower_stages(checked: L.CheckedDef, sizes: dict, options: Options, target,
     return scop, deps, schedule, transformed, ast
 
 
-def compile_stages(checked: L.CheckedDef, sizes: dict, options: Options, target) -> Stages:
-    """The whole pipeline: :func:`lower_stages`, then LLVM IR (one kernel in its own module) and native code."""
-    scop, deps, schedule, transformed, ast = lower_stages(checked, sizes, options, target)
+def compile_stages(checked: L.CheckedDef, sizes: dict, options: Options, target,
+                   constants: frozenset = frozenset()) -> Stages:
+    """The whole pipeline: :func:`lower_stages` (``constants``: inputs that may arrive packed), then LLVM IR
+    (one kernel in its own module) and native code."""
+    scop, deps, schedule, transformed, ast = lower_stages(checked, sizes, options, target, constants)
     t = time.perf_counter()
     module = new_module(target)
     emit_kernel(module, dataclasses.replace(scop, name=symbol(scop.name)), ast, target, options)
@@ -174,25 +176,32 @@ def symbol(def_name: str) -> str:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A kernel argument: name, numpy dtype name, shape (elements), role (input/output/temp)."""
+    """A kernel argument: name, numpy dtype name, shape (elements), role (input/output/temp); ``packed``:
+    the panel width when the kernel reads this input packed (:func:`polyc.poly.promote.packed_array` of an
+    array of ``shape``), else 0."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     role: str
+    packed: int = 0
 
 
 class Compiled:
     """A kernel specialised on shapes and dtypes, compiled to native code.
 
     ``tensors`` is the native argument order (inputs, outputs, temporaries). ``stage(name)`` prints a stage;
-    for an entry loaded from the disk cache the stages are rebuilt on first request.
+    for an entry loaded from the disk cache the stages are rebuilt on first request. ``constants``: the
+    inputs it was compiled to take packed where the strategy packs them (``TensorSpec.packed``): a call
+    packs them (:meth:`__call__`), a caller of :meth:`run_pointers` passes them packed.
     """
 
-    def __init__(self, kernel: "Kernel", sizes: dict, options: Options, tensors, jit, stages=None):
+    def __init__(self, kernel: "Kernel", sizes: dict, options: Options, tensors, jit, stages=None,
+                 constants: frozenset = frozenset()):
         self.kernel = kernel
         self.sizes = dict(sizes)
         self.options = options
+        self.constants = frozenset(constants)
         self.tensors = tuple(tensors)
         self._jit = jit
         self._stages = stages
@@ -207,7 +216,8 @@ class Compiled:
         """Every stage of the compilation (rebuilt on first use for an entry loaded from the disk cache)."""
         with _COMPILE_LOCK:
             if self._stages is None:
-                self._stages = compile_stages(self.kernel.checked, self.sizes, self.options, self.kernel.target)
+                self._stages = compile_stages(self.kernel.checked, self.sizes, self.options, self.kernel.target,
+                                              self.constants)
         return self._stages
 
     def stage(self, name: str) -> str:
@@ -248,6 +258,7 @@ class Compiled:
                 if any(np.may_share_memory(o, a) for a in arrays):
                     targets[k] = o.copy()
         temps = [_zeros(t) for t in self.temps]
+        arrays = [packed_array(a, t.packed) if t.packed else a for a, t in zip(arrays, self.inputs)]
         pointers = ([a.ctypes.data for a in arrays] + [o.ctypes.data for o in targets]
                     + [t.ctypes.data for t in temps])
         self.run_pointers(pointers)
@@ -415,48 +426,52 @@ class Kernel:
             shapes.append(shape)
         return self.specialize_sizes(self.bind_sizes(shapes), options or self.options)
 
-    def specialize_sizes(self, sizes: dict, options: Options | None = None) -> Compiled:
+    def specialize_sizes(self, sizes: dict, options: Options | None = None,
+                         constants: frozenset = frozenset()) -> Compiled:
         """The kernel compiled for the given sizes (size name → extent, every size of the def): from this
-        kernel's memory, else the disk cache, else the pipeline. Thread-safe: concurrent first calls compile
-        once. Raises ShapeError for a missing size, and what the pipeline raises."""
+        kernel's memory, else the disk cache, else the pipeline. ``constants`` names inputs whose values the
+        caller keeps between calls: where the strategy packs one, the kernel takes it packed
+        (:class:`Compiled`). Thread-safe: concurrent first calls compile once. Raises ShapeError for a
+        missing size, and what the pipeline raises."""
         sizes = self._every_size(sizes)
         options = options or self.options
-        key = (tuple(sorted(sizes.items())), options)
+        constants = frozenset(constants)
+        key = (tuple(sorted(sizes.items())), options, constants)
         compiled = self._compiled.get(key)
         if compiled is not None:
             return compiled
         with _COMPILE_LOCK:
             compiled = self._compiled.get(key)  # another thread may have compiled it while this one waited
             if compiled is None:
-                compiled = self._compiled[key] = self._compile(sizes, options)
+                compiled = self._compiled[key] = self._compile(sizes, options, constants)
         return compiled
 
-    def _compile(self, sizes: dict, options: Options) -> Compiled:
+    def _compile(self, sizes: dict, options: Options, constants: frozenset) -> Compiled:
         """:meth:`specialize_sizes` after a miss in memory: the disk cache or the pipeline."""
         disk_key = cache.make_key(__version__, self.source, self.name, sorted(sizes.items()), options.to_spec(),
-                                  self.target.key(), _versions())
+                                  sorted(constants), self.target.key(), _versions())
         t = time.perf_counter()
         entry = cache.load(disk_key)
         compiled = None
         if entry is not None:
             try:
                 jit = load_object(entry["object"], self.target, (symbol(self.name),))
-                tensors = [TensorSpec(name, dtype, tuple(shape), role)
-                           for name, dtype, shape, role in entry["tensors"]]
-                compiled = Compiled(self, sizes, options, tensors, jit)
+                tensors = [TensorSpec(name, dtype, tuple(shape), role, packed)
+                           for name, dtype, shape, role, packed in entry["tensors"]]
+                compiled = Compiled(self, sizes, options, tensors, jit, constants=constants)
             except Exception as exc:  # a stale or foreign entry: rebuild it
                 debug.log(f"cache: entry for {self.name} unusable ({exc}); rebuilding")
                 cache.remove(disk_key)
                 compiled = None
         if compiled is None:
             cut_before = schedule_module.cut_off
-            stages = compile_stages(self.checked, sizes, options, self.target)
-            tensors = [TensorSpec(t.name, t.dtype, tuple(t.shape), t.role) for t in stages.scop.tensors
-                       if t.role != "local"]
-            compiled = Compiled(self, sizes, options, tensors, stages.jit, stages)
+            stages = compile_stages(self.checked, sizes, options, self.target, constants)
+            arguments = [t for t in stages.scop.tensors if t.role != "local"]  # a packed one has its packed shape
+            tensors = [dataclasses.replace(spec, packed=t.packed) for spec, t in zip(self.signature(sizes), arguments)]
+            compiled = Compiled(self, sizes, options, tensors, stages.jit, stages, constants)
             if schedule_module.cut_off == cut_before:  # else a fallback of a loaded moment: not for good
                 cache.store(disk_key, {"object": stages.jit.object_code,
-                                       "tensors": [(t.name, t.dtype, t.shape, t.role) for t in tensors]})
+                                       "tensors": [(t.name, t.dtype, t.shape, t.role, t.packed) for t in tensors]})
         debug.log(f"{self.name} {sizes}: ready in {(time.perf_counter() - t) * 1e3:.1f} ms "
                   f"({'disk cache' if entry is not None and compiled._stages is None else 'compiled'})")
         return compiled

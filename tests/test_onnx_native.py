@@ -108,7 +108,8 @@ def test_native_compile_lowers_each_kernel_once_and_jits_per_kernel_only_for_the
 def test_constant_weights_are_packed_once_and_give_the_same_bits(tmp_path, monkeypatch):
     """Weights the strategy packs arrive packed (polyc.poly.promote, constants): one packed slot per weight,
     also for two calls of one def with different weights; a weight read plainly elsewhere keeps its own slot;
-    results are the Python executor's (which packs on every call) bit for bit, and survive the disk cache."""
+    results are the Python executor's (which packs them once too, kernel by kernel) bit for bit, and survive
+    the disk cache."""
     from onnx import TensorProto, helper, numpy_helper
 
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
@@ -141,7 +142,9 @@ def test_constant_weights_are_packed_once_and_give_the_same_bits(tmp_path, monke
                                   "a": rng.standard_normal((1, 64, 10, 10)).astype(np.float32),
                                   "b": rng.standard_normal((1, 64, 10, 10)).astype(np.float32)})
     got = native.run(feeds)
-    for a, b in zip(got, ponnx.executor.PythonExecutor(native.program).run(feeds)):
+    python_side = ponnx.executor.PythonExecutor(native.program)
+    assert len(python_side.packed) == 3 and len({id(a) for a in python_side.packed.values()}) == 3
+    for a, b in zip(got, python_side.run(feeds)):
         np.testing.assert_array_equal(a, b)
     expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, feeds)
     for a, b in zip(got, expected):

@@ -134,3 +134,17 @@ def test_a_constant_input_read_once_arrives_packed_else_it_is_copied():
     k, v = np.meshgrid(np.arange(11), np.arange(45), indexing="ij")
     np.testing.assert_array_equal(P[v // 8, k, v % 8], B)
     assert not P[5, :, 5:].any()
+
+
+def test_a_kernel_compiled_for_constant_inputs_packs_them_when_called():
+    """specialize_sizes(constants=...): the argument spec says which input arrives packed; calling the
+    Compiled with plain arrays packs it, so the result is the plain kernel's."""
+    rng = np.random.default_rng(6)
+    A, B = _inputs(rng, (33, 70), (70, 1030))
+    kernel = polyc.define(MATMUL)
+    plain = kernel.specialize(A, B)
+    packed = kernel.specialize_sizes(kernel.bind_sizes([A.shape, B.shape]), constants=frozenset({"B"}))
+    assert [t.packed for t in plain.tensors] == [0, 0, 0]
+    assert packed.tensors[1].packed and packed.tensors[1].shape == (70, 1030)  # the shape the caller has
+    assert packed.constants == {"B"} and "P0(" not in packed.stage("ast")
+    np.testing.assert_array_equal(packed(A, B), plain(A, B))

@@ -4,7 +4,7 @@
 on its shapes, with the ONNX names of its arguments), the memory plan, the constants and the graph's inputs
 and outputs. A step carries its kernel's signature but no native code: the native executor
 (:mod:`polyc.onnx.native`) lowers every kernel into one module, and only :class:`PythonExecutor` JIT-compiles
-each kernel on its own (:attr:`Step.compiled`, on first use). Both implement ``run(feeds) -> list[np.ndarray]``
+each kernel on its own (:meth:`Step.compile`, on first use). Both implement ``run(feeds) -> list[np.ndarray]``
 on the same :class:`Program`; :func:`make_executor` is the one place that picks the implementation.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CompileError, PolycError
+from ..kernel import packed_array
 from .memory import MemoryPlan
 
 
@@ -41,13 +42,13 @@ class Step:
         """The kernel's temporaries (TensorSpecs), which the memory plan places in the arena."""
         return tuple(t for t in self.tensors if t.role == "temp")
 
-    @property
-    def compiled(self):
+    def compile(self, constants: frozenset = frozenset()):
         """The kernel JIT-compiled on its own (a ``polyc.kernel.Compiled``), built on first use and kept by
-        the kernel (and the disk cache). Only the Python-driven executor needs it; raises CompileError naming
-        the kernel and its group."""
+        the kernel (and the disk cache); ``constants``: its parameters that are the model's constants (taken
+        packed where the strategy packs them, as the native executor does). Only the Python-driven executor
+        needs it; raises CompileError naming the kernel and its group."""
         try:
-            return self.kernel.specialize_sizes(dict(self.sizes))
+            return self.kernel.specialize_sizes(dict(self.sizes), constants=constants)
         except PolycError as exc:
             raise CompileError(f"compiling kernel {self.name} of group {self.group} failed: {exc.message}",
                                hint=f"the kernel's source:\n{self.kernel.source}") from exc
@@ -127,8 +128,9 @@ class PythonExecutor:
     """
 
     def __init__(self, program: Program, progress: bool = False):
-        """JIT-compile each distinct kernel of ``program`` (see :attr:`Step.compiled`; a tqdm bar with
-        ``progress``) and lay out the arena. ``compile_seconds`` maps a def's source to its JIT seconds."""
+        """JIT-compile each distinct kernel of ``program`` (see :meth:`Step.compile`; a tqdm bar with
+        ``progress``), pack the constants they read packed, once, and lay out the arena.
+        ``compile_seconds`` maps a def's source to its JIT seconds."""
         self.program = program
         self.arenas = ArenaPool(self._workspace)
         self.constants = {k: np.ascontiguousarray(v) for k, v in program.constants.items()}
@@ -137,10 +139,19 @@ class PythonExecutor:
         if progress:
             from tqdm import tqdm
             steps = tqdm(steps, desc="compiling kernels", unit="kernel", leave=False)
-        self.compiled = {}
+        self.compiled, self.packed, packed_by = {}, {}, {}
         for step in steps:
             t = time.perf_counter()
-            self.compiled[step.group] = step.compiled
+            params = [p.name for p in step.kernel.checked.inputs]
+            roots = [program.plan.root(name) for name in step.inputs]
+            constants = frozenset(p for p, root in zip(params, roots) if root in self.constants)
+            compiled = self.compiled[step.group] = step.compile(constants)
+            for j, (spec, root) in enumerate(zip(compiled.inputs, roots)):
+                if spec.packed:  # one packed copy per constant and layout, shared by the steps that read it
+                    key = (root, spec.shape, spec.packed)
+                    if key not in packed_by:
+                        packed_by[key] = packed_array(self.constants[root].reshape(spec.shape), spec.packed)
+                    self.packed[(step.group, j)] = packed_by[key]
             source = step.kernel.source
             self.compile_seconds[source] = self.compile_seconds.get(source, 0.0) + time.perf_counter() - t
 
@@ -179,7 +190,8 @@ class PythonExecutor:
         with self.arenas.lease() as ws:
             views, temps = ws["views"], ws["temps"]
             for step in self.program.steps:
-                args = [self._array(t, feeds, views) for t in step.inputs]
+                args = [self.packed.get((step.group, j)) for j in range(len(step.inputs))]
+                args = [a if a is not None else self._array(t, feeds, views) for a, t in zip(args, step.inputs)]
                 outs = [self._array(t, feeds, views) for t in step.outputs]
                 pointers = [a.ctypes.data for a in args] + [o.ctypes.data for o in outs] + \
                     [t.ctypes.data for t in temps[step.group]]
