@@ -173,9 +173,16 @@ def test_batchnorm_without_conv_becomes_mul_add():
     assert ops_of(g) == ["Add", "Mul", "Relu"]
 
 
-@pytest.mark.parametrize("kernel,strides,pads", [((3, 3), (2, 2), (1, 1, 1, 1)), ((1, 1), (2, 2), (0, 0, 0, 0)),
-                                                  ((7, 5), (2, 3), (3, 2, 2, 1)), ((4, 4), (3, 1), (0, 1, 2, 1))])
-def test_strided_conv_becomes_space_to_depth(kernel, strides, pads):
+@pytest.mark.parametrize("kernel,strides,pads,phases", [
+    ((1, 1), (2, 2), (0, 0, 0, 0), True),    # a subsampling Slice: no extra work
+    ((7, 7), (2, 2), (3, 3, 3, 3), True),    # 64/49 of the work
+    ((4, 4), (2, 2), (1, 1, 2, 2), True),    # no zero taps
+    ((3, 3), (2, 2), (1, 1, 1, 1), False),   # 16/9: direct
+    ((7, 5), (2, 3), (3, 2, 2, 1), False),   # 48/35
+    ((4, 4), (3, 1), (0, 1, 2, 1), False)])  # 24/16
+def test_strided_conv_becomes_space_to_depth_when_it_adds_little_work(kernel, strides, pads, phases):
+    """Over its input's phases when the zero taps add at most SPACE_TO_DEPTH_MAX_WORK of the multiply-adds,
+    else strided as it is; the result is the reference's either way."""
     w = RNG.standard_normal((4, 3) + kernel).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=list(strides), pads=list(pads))]
     x = RNG.standard_normal((1, 3, 17, 14)).astype(np.float32)
@@ -184,7 +191,8 @@ def test_strided_conv_becomes_space_to_depth(kernel, strides, pads):
     model = make_model(nodes, [vi("x", [1, 3, 17, 14])], [vi("y", shape)], inits)
     g = assert_same(model, {"x": x}, rtol=1e-4, atol=1e-5)
     convs = [d for _, d in g.nodes(data=True) if d["op"] == "Conv"]
-    assert len(convs) == 1 and convs[0]["attrs"].get("strides", [1, 1]) == [1, 1]
+    assert len(convs) == 1
+    assert convs[0]["attrs"].get("strides", [1, 1]) == ([1, 1] if phases else list(strides))
 
 
 @pytest.mark.parametrize("shape,channels,flattened", [((1, 6, 9, 7), 8, True), ((2, 5, 11, 13), 3, True),
