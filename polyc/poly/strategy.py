@@ -473,8 +473,9 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
     ``v_index``, none ``u_index`` (every row of the register tile reads it), some reduction index, and in
     which a step of some reduction index jumps at least PACK_MIN_ROW_BYTES. ``force`` drops the two
     thresholds (jump, reuse), not the conditions that make the layout correct; so does a read of a tensor in
-    ``constants``, which the caller packs once (measured: BERT, GPT and ViT layers 9-18% faster on AVX2 and
-    AVX-512 with their weights packed, ResNet-50 unchanged)."""
+    ``constants``, which the caller packs once (measured, 1 thread: the BERT, GPT and ViT models of
+    ``scripts/model_zoo.py`` 8-18% faster on AVX2 and AVX-512 with all their weights packed, ResNet-50
+    unchanged)."""
     if u_index is None or v_index is None or (tile_v is not None and tile_v % nr):
         return None
     if stmt.op not in ("+=", "*=", "max=", "min="):
