@@ -41,7 +41,7 @@ from .lang import check_def, parse
 from .lang.sema import itemsize, numpy_dtype
 from .options import Options
 from .poly.astbuild import ast_to_c, build_ast
-from .poly.build import build_scop, checked_reads
+from .poly.build import build_scop, checked_reads, input_shapes
 from .poly.deps import compute_dependences
 from .poly import schedule as schedule_module
 from .poly.schedule import compute_schedule
@@ -466,8 +466,9 @@ class Kernel:
         if compiled is None:
             cut_before = schedule_module.cut_off
             stages = compile_stages(self.checked, sizes, options, self.target, constants)
-            arguments = [t for t in stages.scop.tensors if t.role != "local"]  # a packed one has its packed shape
-            tensors = [dataclasses.replace(spec, packed=t.packed) for spec, t in zip(self.signature(sizes), arguments)]
+            shapes = input_shapes(self.checked, sizes)  # a packed input's Scop shape is its packed one
+            tensors = [TensorSpec(t.name, t.dtype, shapes[t.name] if t.packed else tuple(t.shape), t.role, t.packed)
+                       for t in stages.scop.tensors if t.role != "local"]
             compiled = Compiled(self, sizes, options, tensors, stages.jit, stages, constants)
             if schedule_module.cut_off == cut_before:  # else a fallback of a loaded moment: not for good
                 cache.store(disk_key, {"object": stages.jit.object_code,
@@ -733,9 +734,9 @@ def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_
         constants = _constant_inputs(k, index, calls, constant_slots)
         scop, _deps, _schedule, _transformed, ast = lower_stages(k.checked, sizes, options, target, constants)
         emit_kernel(module, dataclasses.replace(scop, name=symbol), ast, target, options)
-        signature = k.signature(sizes)
-        blocks.append({j: (tuple(signature[j].shape), itemsize(t.dtype), t.packed)
-                       for j, t in enumerate(scop.tensors) if t.packed})
+        shapes = input_shapes(k.checked, sizes)  # a packed input's Scop shape is its packed one
+        blocks.append({j: (shapes[t.name], itemsize(t.dtype), t.packed) for j, t in enumerate(scop.tensors)
+                       if t.packed})
         if on_kernel is not None:
             on_kernel(index, time.perf_counter() - t)
     entry_calls = []

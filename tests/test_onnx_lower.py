@@ -33,8 +33,10 @@ def test_resnet_groups_fuse_conv_bias_residual_relu(resnet):
     assert ops.count(("Conv", "Relu")) == 33
     assert all(gr.kind == "alias" for gr in groups if gr.ops == ("Reshape",))
     assert "Conv+Sum+Relu" in groups_summary(g, groups)
-    # strided convolutions were rewritten to stride 1 over the input's phases (space-to-depth)
-    assert all(d["attrs"].get("strides", [1, 1]) == [1, 1] for _, d in g.nodes(data=True) if d["op"] == "Conv")
+    # strided convolutions were rewritten to stride 1 over the input's phases (space-to-depth) where that adds
+    # little work (the 7x7 stem, the 1x1 downsamplings); the 3x3 stride-2 ones (16/9 the work) stay strided
+    strided = [d for _, d in g.nodes(data=True) if d["op"] == "Conv" and d["attrs"].get("strides", [1, 1]) != [1, 1]]
+    assert strided and all(g.graph["constants"][d["inputs"][1]].shape[2:] == (3, 3) for d in strided)
 
 
 def test_lowered_conv_writes_in_place_and_identical_groups_share_text(resnet):
