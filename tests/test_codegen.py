@@ -892,7 +892,7 @@ def _target_cpu(monkeypatch, cpu) -> None:
     """Compile for ``cpu`` (None: the host). A pre-AVX2 host cannot run znver3 code at all (polyc refuses it:
     test_target.py), so that row is skipped there with this reason; the host row still runs."""
     if cpu is not None:
-        if not host_target().has_feature("avx2"):
+        if not host_target().has_feature("avx2"):  # pre-AVX2 hosts only: the code cannot run there at all
             pytest.skip("the host cannot run AVX2 code (znver3), which polyc refuses to run on it")
         monkeypatch.setenv("POLYC_CPU", cpu)
 

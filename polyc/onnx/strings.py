@@ -254,8 +254,8 @@ class StringStage:
         return "on the host (strings): " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items()))
 
 
-def _host_op(g: nx.DiGraph, nid: str, d: dict) -> bool:
-    """Whether node ``nid`` is a string op the host runs (Equal and Identity only on strings)."""
+def _host_op(g: nx.DiGraph, d: dict) -> bool:
+    """Whether the node with data ``d`` is a string op the host runs (Equal and Identity only on strings)."""
     op = HOST_OPS.get(d["op"])
     if op is None or d.get("domain", "") not in ("", "ai.onnx") or g.graph["opset"] < op.since:
         return False
@@ -275,7 +275,7 @@ def split_strings(g: nx.DiGraph) -> tuple:
     moved, made = [], set()
     for nid in topo_order(g):
         d = g.nodes[nid]
-        if not _host_op(g, nid, d):
+        if not _host_op(g, d):
             continue
         reads = [t for t in d["inputs"] if t and is_string(tensors.get(t))]
         if any(t not in made and t not in constants and t not in g.graph["inputs"] for t in reads):
