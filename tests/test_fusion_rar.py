@@ -50,7 +50,7 @@ def test_bicg_rar_pairs_the_two_reads_of_the_matrix():
 def test_mvt_rar_pairs_a_row_with_a_column():
     scop = scop_of(POLYBENCH, "mvt", N=4)
     rar = read_after_read(scop, compute_dependences(scop))
-    # x1o(i) += A(i,j) * y1(j) is S1[i, j]; x2o(i) += A(j,i) * y2(j) is S3[i, j], reading A[j, i]
+    # x1o(i) += A(i,j) * y_1(j) is S1[i, j]; x2o(i) += A(j,i) * y_2(j) is S3[i, j], reading A[j, i]
     assert rar.is_equal(isl.UnionMap("{ S1[i, j] -> S3[j, i] : 0 <= i < 4 and 0 <= j < 4 }"))
 
 

@@ -16,12 +16,12 @@ Semantics (numpy's where the language says so):
 - the storage types (:data:`STORAGE`) are ``half`` (float16) and ``i16`` (bfloat16) in registers and
   memory and are only converted (sema computes with them in float32), by :mod:`polyc.codegen.storage`
   (rounded once to nearest even; integers → float16 through float32, → bfloat16 through float64);
-- ``exp log sqrt fabs floor ceil sin cos pow fma`` are LLVM intrinsics; ``tanh`` and ``erf`` call libm
-  (``tanhf``/``tanh``, ``erff``/``erf``); ``sigmoid(x) = 1/(1+exp(-x))``, ``rsqrt(x) = 1/sqrt(x)``;
+- the float builtins (``exp``, ``erfinv``, ``atan2``, ...) are :mod:`polyc.codegen.mathlib`'s: LLVM
+  intrinsics, glibc's libm and libmvec, and inline approximations, each documented there;
   ``min``/``max`` are compare+select and propagate NaN (``np.minimum``); ``fmin``/``fmax`` ignore it;
-  ``rint`` (half to even) is an intrinsic, ``tan asin acos atan sinh cosh asinh acosh atanh`` call libm,
-  ``fmod`` is C's (``frem``); ``bitand bitor bitxor bitnot shl shr`` are the integer instructions, a shift by
-  the type's width or more giving 0 (``shr`` of a negative signed value: -1), as numpy's.
+  integer ``abs`` wraps at the type's minimum; ``bitand bitor bitxor bitnot shl shr`` are the integer
+  instructions, a shift by the type's width or more giving 0 (``shr`` of a negative signed value: -1), as
+  numpy's.
 - A read whose index depends on data (``A(B(i))``, or an index using a 0-d parameter) or that the model
   marks ``checked`` (a non-affine index such as ``A(i*i)``, which the compile-time bounds check cannot bound)
   is checked against each dimension's extent; out of range branches to ``env.fail()`` (the kernel returns 1)
@@ -33,9 +33,7 @@ Float ``+ - *`` carry the ``contract`` fast-math flag so the backend may fuse th
 """
 from __future__ import annotations
 
-import ctypes.util
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -45,16 +43,10 @@ from ..errors import CompileError
 from ..lang import ast as L
 from ..poly.affine import children
 from ..poly.scop import Scop
-from . import storage
+from . import mathlib, storage
 from .irbase import (FLOAT, I1, I32, I64, I8, MAX_IR_NAME, PTR, STORAGE, UNSIGNED, _BITS, _CONTRACT, _elem,
                      _with_elem, const, declare, element_bytes, freeze, intrinsic, ir_name, llvm_type, memory_type,
                      scalar_type, splat)
-
-_INTRINSICS = {"exp": 1, "log": 1, "sqrt": 1, "fabs": 1, "floor": 1, "ceil": 1, "sin": 1, "cos": 1,
-               "pow": 2, "fma": 3, "rint": 1}
-_LIBM = {f: (f + "f", f) for f in ("tanh", "erf", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
-                                   "atanh")}
-
 
 @dataclass
 class Env:
@@ -340,25 +332,7 @@ def _emit_call(env: Env, e: L.Call, b: ir.IRBuilder) -> ir.Value:
         return min_max(b, f, args[0], args[1], dtype)
     if f in _BITWISE:
         return _bitwise(b, f, args, dtype)
-    if f == "fmod":
-        return b.frem(args[0], args[1])
-    if f == "exp" and isinstance(_elem(ty), ir.FloatType):
-        return exp_float32(env.module, args[0], b)
-    if f in _VECTOR_MATH and vector_math(env, f, args[0], b) is not None:
-        return vector_math(env, f, args[0], b)
-    if f in _INTRINSICS:
-        return b.call(intrinsic(env.module, f, ty, _INTRINSICS[f]), args)
-    if f in _LIBM:
-        return _call_libm(env, _LIBM[f][0 if dtype == "float32" else 1], args[0], b)
-    if f == "sigmoid":
-        if isinstance(_elem(ty), ir.FloatType):
-            return sigmoid_float32(env.module, args[0], b)
-        neg = b.fneg(args[0])
-        exp = vector_math(env, "exp", neg, b) or b.call(intrinsic(env.module, "exp", ty, 1), [neg])
-        return b.fdiv(const(ty, 1.0), b.fadd(const(ty, 1.0), exp))
-    if f == "rsqrt":
-        return b.fdiv(const(ty, 1.0), b.call(intrinsic(env.module, "sqrt", ty, 1), args))
-    raise CompileError(f"codegen: unknown builtin {e.func!r}")
+    return mathlib.emit_builtin(env.module, f, args, b, tuple(a.dtype for a in e.args))
 
 
 _BITWISE = ("bitand", "bitor", "bitxor", "bitnot", "shl", "shr")
@@ -395,125 +369,6 @@ def min_max(b: ir.IRBuilder, f: str, x: ir.Value, y: ir.Value, dtype: str) -> ir
     else:
         pick_x = b.or_(pick_x, b.fcmp_unordered("uno", y, y))  # y is NaN: ignore it
     return b.select(pick_x, x, y)
-
-
-#: Builtins glibc's vector math library (libmvec) has in every vector width: ``_ZGV<isa>N<lanes>v_<name>[f]``.
-_VECTOR_MATH = ("exp", "log", "sin", "cos", "tanh", "erf", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
-                "acosh", "atanh")
-_ISA = {128: "b", 256: "d", 512: "e"}  # SSE4, AVX2, AVX-512 variants of the vector ABI
-
-
-@functools.cache
-def has_libmvec() -> bool:
-    """Whether glibc's libmvec is on this machine (the JIT loads it; see ``jit._init_llvm``)."""
-    return ctypes.util.find_library("mvec") is not None
-
-
-def vector_math(env: Env, f: str, x: ir.Value, b: ir.IRBuilder) -> ir.Value | None:
-    """``f`` on a whole vector through libmvec (one call instead of one libm call per lane), or None when
-    ``x`` is a scalar, the vector is not 128/256/512 bits wide, or libmvec is missing."""
-    if not isinstance(x.type, ir.VectorType) or f not in _VECTOR_MATH or not has_libmvec():
-        return None
-    elem = x.type.element
-    bits = x.type.count * (32 if isinstance(elem, ir.FloatType) else 64)
-    if bits not in _ISA:
-        return None
-    name = f"_ZGV{_ISA[bits]}N{x.type.count}v_{f}{'f' if isinstance(elem, ir.FloatType) else ''}"
-    return b.call(declare(env.module, name, ir.FunctionType(x.type, [x.type])), [x])
-
-
-def _exp_reduced(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> tuple:
-    """``(P, n)`` with ``exp(x) = P * 2^n`` for a float32 ``x`` already clamped (see :func:`exp_float32`)."""
-    ty = x.type
-
-    def fma(a, m, k):
-        return b.call(intrinsic(module, "fma", ty, 3), [a, m, k])
-
-    n = b.call(intrinsic(module, "roundeven", ty, 1), [b.fmul(x, const(ty, 1.44269504088896341))])
-    r = fma(n, const(ty, -0.693359375), x)
-    r = fma(n, const(ty, 2.12194440e-4), r)
-    p = const(ty, 1.9875691500e-4)
-    for k in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1, 1.0, 1.0):
-        p = fma(p, r, const(ty, k))
-    return p, n
-
-
-def _clamp(b: ir.IRBuilder, x: ir.Value, lo: float, hi: float) -> ir.Value:
-    """``x`` clamped to [lo, hi]; NaN stays NaN (ordered compares: the backend's ``maxps``/``minps``)."""
-    ty = x.type
-    x = b.select(b.fcmp_ordered("<", x, const(ty, lo)), const(ty, lo), x)
-    return b.select(b.fcmp_ordered(">", x, const(ty, hi)), const(ty, hi), x)
-
-
-def _scalef(module: ir.Module, p: ir.Value, n: ir.Value, b: ir.IRBuilder) -> ir.Value:
-    """``p * 2^n`` by AVX-512's ``vscalefps`` (a 16-lane float32 vector)."""
-    ty = p.type
-    scalef = declare(module, "llvm.x86.avx512.mask.scalef.ps.512",
-                     ir.FunctionType(ty, [ty, ty, ty, ir.IntType(16), I32]))
-    return b.call(scalef, [p, n, ir.Constant(ty, ir.Undefined), ir.Constant(ir.IntType(16), -1),
-                           ir.Constant(I32, 4)])  # all lanes, the current rounding mode
-
-
-def _exponent_int(b: ir.IRBuilder, n: ir.Value) -> ir.Value:
-    """The integral float32 ``n`` as i32 (frozen: a NaN gives some integer, never poison)."""
-    return freeze(b, b.fptosi(n, _with_elem(n.type, I32)))
-
-
-def _pow2(b: ir.IRBuilder, e: ir.Value, ty: ir.Type) -> ir.Value:
-    """``2^e`` as float32 (type ``ty``) for an i32 ``e`` in [-126, 127], built in the exponent field."""
-    return b.bitcast(b.shl(b.add(e, const(e.type, 127)), const(e.type, 23)), ty)
-
-
-def exp_float32(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> ir.Value:
-    """``exp`` of a float32 scalar or vector, inline (no call: LLVM schedules it with the loop around it).
-
-    Cody and Waite's reduction ``x = n ln2 + r``, ``n = roundeven(x log2 e)``, ``|r| <= ln2/2``, with ln2 split
-    in two (0.693359375, exact in 9 bits, and -2.12194440e-4); ``exp(r) = (P(r) r + 1) r + 1`` with the
-    degree-5 minimax P of Cephes' ``expf``, seven FMAs; then the product with ``2^n``: one ``vscalefps`` on a
-    512-bit vector (AVX-512 scales with IEEE overflow to inf and gradual underflow), else two exponent-field
-    products ``2^(n>>1) 2^(n-(n>>1))``, so results that overflow become inf and subnormal ones round once
-    more instead of flushing. ``x`` is clamped to [-104, 89] first (beyond: 0 and inf); NaN stays NaN (it
-    passes the clamp, and the frozen integer of a NaN ``n`` only scales a NaN). At most 2 ulp from the
-    correctly rounded result over the whole float range (tests/test_codegen.py measures it).
-    """
-    ty = x.type
-    p, n = _exp_reduced(module, _clamp(b, x, -104.0, 89.0), b)
-    if isinstance(ty, ir.VectorType) and ty.count == 16:
-        return _scalef(module, p, n, b)
-    ni = _exponent_int(b, n)
-    half = b.ashr(ni, const(ni.type, 1))
-    return b.fmul(b.fmul(p, _pow2(b, half, ty)), _pow2(b, b.sub(ni, half), ty))
-
-
-def sigmoid_float32(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> ir.Value:
-    """``1 / (1 + exp(-x))`` for float32, inline: ``-x`` is clamped to [-87, 88], where ``2^n`` is one normal
-    float (``n`` in [-126, 127]), so the scaling is one product (or ``vscalefps``) instead of
-    :func:`exp_float32`'s two. Beyond the clamp the result is 1 (x > 87) or about 6e-39 (x < -88, where
-    the exact value is below that); NaN stays NaN. Within 3 ulp of the correctly rounded value where that
-    is a normal float (tests/test_codegen.py measures it). The division stays: a hardware reciprocal
-    estimate with two Newton steps (as accurate) measured 1.2x slower in a conv epilogue on Zen 4 (AVX2
-    code), a longer dependence chain than ``vdivps``."""
-    ty = x.type
-    t = _clamp(b, b.fneg(x), -87.0, 88.0)
-    p, n = _exp_reduced(module, t, b)
-    if isinstance(ty, ir.VectorType) and ty.count == 16:
-        e = _scalef(module, p, n, b)
-    else:
-        e = b.fmul(p, _pow2(b, _exponent_int(b, n), ty))
-    return b.fdiv(const(ty, 1.0), b.fadd(const(ty, 1.0), e))
-
-
-def _call_libm(env: Env, name: str, x: ir.Value, b: ir.IRBuilder) -> ir.Value:
-    """Call libm's ``name`` (one float argument), lane by lane for a vector."""
-    elem = _elem(x.type)
-    fn = declare(env.module, name, ir.FunctionType(elem, [elem]))
-    if not isinstance(x.type, ir.VectorType):
-        return b.call(fn, [x])
-    result = ir.Constant(x.type, ir.Undefined)
-    for k in range(x.type.count):
-        lane = b.call(fn, [b.extract_element(x, ir.Constant(I32, k))])
-        result = b.insert_element(result, lane, ir.Constant(I32, k))
-    return result
 
 
 def combine(b: ir.IRBuilder, op: str, dtype: str, old: ir.Value, new: ir.Value) -> ir.Value:

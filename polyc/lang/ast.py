@@ -8,7 +8,7 @@ analysis (``polyc.lang.sema.check_def``) returns a *typed* copy in which
   have the dtype of its result; comparison operands share one dtype and the result is ``bool``; ``&&``,
   ``||`` and ``!`` take and give ``bool``; a :class:`Select` has a ``bool`` condition and branches of its dtype;
 - :class:`Call` arguments already have the dtype the builtin computes in (float32 or float64 for the
-  transcendental builtins);
+  float builtins), except ``ldexp``'s exponent, which keeps its integer type (bool becomes int32);
 - ``where`` let bindings are substituted into the right-hand side (no :class:`Ident` refers to a let);
 - an :class:`Ident` is an index variable (``kind="index"``, dtype int32), a size (``kind="size"``, dtype int32)
   or a 0-d parameter (``kind="scalar"``, dtype of the parameter).
@@ -50,9 +50,17 @@ TYPE_NAMES = {**{d: d for d in DTYPES}, "float": "float32", "double": "float64",
 ASSIGN_OPS = ("=", "+=", "*=", "max=", "min=", "+=!", "*=!", "max=!", "min=!")
 
 #: Builtin functions callable in expressions.
+#: Every function of TC's ``tc/lang/builtins.h`` (CUDA's single-precision math library) is one, plus ``sigmoid``,
+#: ``abs``, ``min``, ``max``, ``rint``, ``nearbyint``, ``ldexp`` and the integer ``bit*``/``shl``/``shr``; their
+#: names are reserved (no tensor may take one).
 BUILTINS = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "fabs", "abs", "fmax", "fmin", "fma", "pow",
             "erf", "floor", "ceil", "sin", "cos", "min", "max", "tan", "asin", "acos", "atan", "sinh", "cosh",
-            "asinh", "acosh", "atanh", "rint", "fmod", "bitand", "bitor", "bitxor", "bitnot", "shl", "shr")
+            "asinh", "acosh", "atanh", "rint", "fmod", "bitand", "bitor", "bitxor", "bitnot", "shl", "shr",
+            "atan2", "cbrt", "rcbrt", "copysign", "cospi", "sinpi", "cyl_bessel_i0", "cyl_bessel_i1", "erfc",
+            "erfcinv", "erfcx", "erfinv", "exp10", "exp2", "expm1", "fdim", "fdivide", "hypot", "rhypot", "j0",
+            "j1", "y0", "y1", "lgamma", "tgamma", "log10", "log1p", "log2", "logb", "nextafter", "norm3d",
+            "norm4d", "rnorm3d", "rnorm4d", "normcdf", "normcdfinv", "remainder", "round", "trunc", "nearbyint",
+            "ldexp")
 
 
 def _span_field():

@@ -41,9 +41,17 @@ from .parser import MAX_DEPTH, expr_children, expr_depth
 
 #: Builtins computed in float32 (float64 when an argument is float64), with their arity: integer and bool
 #: arguments are converted first, as C's ``fabs(int)`` does (so ``fabs(i)`` is float32; ``abs(i)`` stays int).
+#: ``ldexp(x, n)`` is typed by ``x`` alone: its exponent ``n`` must be an integer and keeps its type (a
+#: bool becomes int32), as C's ``int`` parameter; the code saturates it to int32, which changes no result.
 FLOAT_BUILTINS = {"exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "tanh": 1, "sigmoid": 1, "erf": 1, "floor": 1,
                   "ceil": 1, "sin": 1, "cos": 1, "pow": 2, "fma": 3, "fabs": 1, "tan": 1, "asin": 1, "acos": 1,
-                  "atan": 1, "sinh": 1, "cosh": 1, "asinh": 1, "acosh": 1, "atanh": 1, "rint": 1, "fmod": 2}
+                  "atan": 1, "sinh": 1, "cosh": 1, "asinh": 1, "acosh": 1, "atanh": 1, "rint": 1, "fmod": 2,
+                  "nearbyint": 1, "round": 1, "trunc": 1, "cbrt": 1, "rcbrt": 1, "exp2": 1, "exp10": 1,
+                  "expm1": 1, "log2": 1, "log10": 1, "log1p": 1, "logb": 1, "sinpi": 1, "cospi": 1, "erfc": 1,
+                  "erfcx": 1, "erfinv": 1, "erfcinv": 1, "normcdf": 1, "normcdfinv": 1, "lgamma": 1, "tgamma": 1,
+                  "j0": 1, "j1": 1, "y0": 1, "y1": 1, "cyl_bessel_i0": 1, "cyl_bessel_i1": 1, "atan2": 2,
+                  "copysign": 2, "fdim": 2, "fdivide": 2, "hypot": 2, "rhypot": 2, "nextafter": 2,
+                  "remainder": 2, "ldexp": 2, "norm3d": 3, "rnorm3d": 3, "norm4d": 4, "rnorm4d": 4}
 #: Builtins computed in the promoted type of their arguments, with their arity (integer ``abs`` wraps around
 #: at the type's minimum as numpy's does; ``min``/``max``/``fmin``/``fmax`` compare integers exactly).
 PROMOTING_BUILTINS = {"abs": 1, "min": 2, "max": 2, "fmin": 2, "fmax": 2, "bitand": 2, "bitor": 2, "bitxor": 2,
@@ -708,9 +716,12 @@ def type_call(e: A.Call, scope: _Scope) -> A.Expr:
         raise _error(f"unknown function '{e.func}'", e.span, f"the builtins are {', '.join(A.BUILTINS)}")
     if len(e.args) != arity:
         s = "" if arity == 1 else "s"
+        names = "x, n" if e.func == "ldexp" else ", ".join("xyzw"[:arity])
         raise _error(f"'{e.func}' takes {arity} argument{s}, got {len(e.args)}", e.span,
-                     f"call it as {e.func}({', '.join('xyz'[:arity])})")
+                     f"call it as {e.func}({names})")
     args = [type_expr(a, scope) for a in e.args]
+    if e.func == "ldexp":
+        return type_ldexp(e, args)
     if e.func in FLOAT_BUILTINS:
         common = "float64" if any(a.dtype == "float64" for a in args) else "float32"
     else:
@@ -718,3 +729,13 @@ def type_call(e: A.Call, scope: _Scope) -> A.Expr:
         if e.func in INTEGER_BUILTINS and not (common.startswith("int") or common.startswith("uint")):
             raise _error(f"'{e.func}' takes integers, got {common}", e.span, "convert the arguments to an integer type")
     return replace(e, args=tuple(coerce(a, common) for a in args), dtype=common)
+
+
+def type_ldexp(e: A.Call, args: list) -> A.Expr:
+    """``ldexp(x, n)``: float32 (float64 for a float64 ``x``); ``n`` an integer of any type (bool: int32)."""
+    x, n = args
+    if kind(n.dtype) not in "biu":
+        raise _error(f"the exponent of 'ldexp' must be an integer, got {n.dtype}", n.span or e.span,
+                     "convert it with int32(...)")
+    common = "float64" if x.dtype == "float64" else "float32"
+    return replace(e, args=(coerce(x, common), coerce(n, "int32") if n.dtype == "bool" else n), dtype=common)
