@@ -62,6 +62,7 @@ def test_attention_mask_matters(name):
     so = ort.SessionOptions()
     so.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    np.testing.assert_array_equal(session.run(None, inputs)[0], next(iter(outputs.values())))
+    # the stored outputs are onnxruntime's, up to its kernels' rounding on another instruction set
+    np.testing.assert_allclose(session.run(None, inputs)[0], next(iter(outputs.values())), rtol=1e-4, atol=1e-5)
     unmasked = session.run(None, {**inputs, "attention_mask": np.ones_like(mask)})[0]
     assert not np.allclose(unmasked, next(iter(outputs.values())), rtol=1e-3, atol=1e-5)
