@@ -115,6 +115,8 @@ class _Gen:
         self.index_inputs = {}
         self.statements = []
         self.outputs = []
+        self.consumed = set()       # tensors a statement writing another tensor has read (never written again)
+        self.reading = set()        # tensors the statement being generated reads
         self.max_indices = 1
 
     # -- inputs --
@@ -235,6 +237,7 @@ class _Gen:
     def read(self, tensor: str, stmt_indices: list, must: list) -> _E:
         """A read of ``tensor``; its plain indices are taken from ``must`` first (indices that still need an
         access to get their range), then from the statement's indices."""
+        self.reading.add(tensor)
         rng = self.rng
         rank = self.ranks[tensor]
         args, guards = [], []
@@ -375,7 +378,9 @@ class _Gen:
     # -- statements --
     def statement(self, k: int, last: bool):
         rng = self.rng
-        written = [s.tensor for s in self.statements]
+        self.reading = set()
+        # a tensor another statement has read is final (polyc and the reference refuse writing it again)
+        written = [s.tensor for s in self.statements if s.tensor not in self.consumed]
         if last:  # the last statement writes an output
             written = [t for t in written if t.startswith("O")]
         reuse = written and rng.random() < 0.2
@@ -459,6 +464,7 @@ class _Gen:
                 bound = 3 * terms if op.startswith("+=") else 3
         stmt = R.Statement(target, tuple(lhs), op, rhs.node, ranges)
         self.statements.append(stmt)
+        self.consumed |= self.reading - {target}
         self.ranks[target] = rank
         self.bounds[target] = min(bound, FLOAT_BOUND * MAX_TERMS) if self.is_float else bound
         self.kinds[target] = rhs.dtype if first else self.kinds.get(target, rhs.dtype)

@@ -15,11 +15,15 @@ inference.html) and polyc's README where polyc goes beyond TC:
 - Range inference (TC's rounds): ``where i in lo:hi`` fixes a range. Then, in rounds, an index that appears
   in an access argument whose other indices already have ranges gets the largest range that keeps the
   argument in bounds for every value of those other indices; the intersection over all such arguments
-  (of reads, and of the left-hand side when the tensor's shape is already known). A read under ``?:`` only
-  needs to be in bounds where its guard holds (polyc: guards do not shrink ranges). The in-bounds
-  conditions used become part of the iteration domain. An index left without a range, or with an empty or
-  unbounded one, is an error. Outputs and temporaries get the shape ``(hi of each left index)`` of their
-  first write.
+  (of reads, and of the left-hand side when the tensor's shape is already known). A read under ``?:`` waits
+  for its guard's indices to have ranges (until a round solves nothing); a side (lower/upper) its affine
+  guard proves in bounds, over those ranges, does not constrain unless no other access bounds that side
+  (padding); a guard that reads data proves nothing. The in-bounds conditions used become part of the
+  iteration domain (under their affine guards). An index left without a range, or with an empty or
+  unbounded one, is an error. Outputs and temporaries get the box of their first write (TC): extent
+  ``hi - lo`` per left index, element ``lo`` stored first; later statements use logical indices.
+- A tensor that a statement writing another tensor reads is never written again (TC computes whole
+  tensors before they are read; polyc refuses the def rather than run it in statement order).
 - Every access that is evaluated (``?:`` is lazy) must be in bounds over the iteration domain, else the
   program is invalid (polyc checks this at compile time for affine indices).
 - Integer ``/`` and ``%`` round toward minus infinity, ``x/0 == x%0 == 0`` (polyc's documented choice;
@@ -61,9 +65,12 @@ class OutOfBounds(TCError):
 WINDOW = 16
 
 
-def infer_ranges(stmt: Statement, index_names: list, shapes: dict, sizes: dict):
-    """``(ranges, constraints)``: index -> (lo, hi) and the (arg, extent, guards) conditions that are part of
-    the iteration domain. Raises TCError when an index has no range or an empty/unbounded one."""
+def infer_ranges(stmt: Statement, index_names: list, shapes: dict, sizes: dict, origins: dict | None = None):
+    """``(ranges, constraints)``: index -> (lo, hi) and the (arg, lo, hi, guards, affine) conditions that are part
+    of the iteration domain (``lo <= arg < hi``, under the guards when they are affine). ``origins``: tensor ->
+    the logical index of its first element per dimension. Raises TCError when an index has no range or an
+    empty/unbounded one."""
+    origins = origins or {}
     ranges = {}
     for index, (lo, hi) in stmt.ranges.items():
         lo_v, hi_v = int(_int_value(lo, sizes)), int(_int_value(hi, sizes))
@@ -83,53 +90,76 @@ def infer_ranges(stmt: Statement, index_names: list, shapes: dict, sizes: dict):
         shape = shapes.get(tensor)
         if shape is None or len(shape) != len(args):
             continue
-        guard_names = [n for cond, _ in guards for n in _names(cond) if n in indices]
-        if not all(_affine_cond(cond, indices) for cond, _ in guards):
-            continue
-        for arg, extent in zip(args, shape):
+        origin = origins.get(tensor, (0,) * len(shape))
+        guard_names = list(dict.fromkeys(n for cond, _ in guards for n in _names(cond) if n in indices))
+        affine = all(_affine_cond(cond, indices) for cond, _ in guards)
+        for arg, extent, first in zip(args, shape, origin):
             names = [n for n in _names(arg) if n in indices]
             if not names or _has_read(arg) or not _affine(arg, indices) or not _inferable(arg, where_env):
                 continue
-            involved = list(dict.fromkeys(names + guard_names))
-            candidates.append((names, involved, arg, extent, guards))
+            candidates.append((names, [n for n in guard_names if n not in names], arg, first, first + extent,
+                               guards, affine))
     constraints = []
     # true ranges of the affine arguments polyc's programs use stay within a few times the largest extent
-    largest = max([WINDOW] + [int(v) for v in sizes.values()] + [e for shape in shapes.values() for e in shape])
+    largest = max([WINDOW] + [int(v) for v in sizes.values()] + [e for shape in shapes.values() for e in shape]
+                  + [abs(o) for origin in origins.values() for o in origin])
     window = np.arange(-8 * largest, 8 * largest + 1, dtype=np.int64)
+    waiting = True  # guarded reads wait for their guards' indices until a round solves nothing
     while True:
         solved = {}
         for index in index_names:
             if index in ranges:
                 continue
-            good = None
-            for names, involved, arg, extent, guards in candidates:
-                if index not in names or any(n != index and n not in ranges for n in involved):
+            every = strict = None
+            for names, guard_only, arg, lo, hi, guards, affine in candidates:
+                if index not in names or any(n != index and n not in ranges for n in names):
                     continue
-                others = [n for n in involved if n != index]
+                if waiting and any(n not in ranges for n in guard_only):
+                    continue
+                others = [n for n in names if n != index]
+                grid_names = others + [n for n in guard_only if n in ranges]
                 env = dict(sizes)
-                env[index] = window.reshape((-1,) + (1,) * len(others))
-                for k, n in enumerate(others):
-                    shape = [1] * (len(others) + 1)
+                env[index] = window.reshape((-1,) + (1,) * len(grid_names))
+                for k, n in enumerate(grid_names):
+                    shape = [1] * (len(grid_names) + 1)
                     shape[k + 1] = -1
                     env[n] = np.arange(*ranges[n], dtype=np.int64).reshape(shape)
-                value = np.asarray(_int_value(arg, env))
-                bad = (value < 0) | (value >= extent)
-                for cond, taken in guards:
-                    bad = bad & _cond_value(cond, env, taken)
-                bad = np.broadcast_to(bad, (len(window),) + tuple(ranges[n][1] - ranges[n][0] for n in others))
-                ok = ~bad.reshape(len(window), -1).any(axis=1)
-                good = ok if good is None else good & ok
-                constraints.append((arg, extent, guards))
-            if good is None:
+                full = (len(window),) + tuple(ranges[n][1] - ranges[n][0] for n in grid_names)
+                value = np.broadcast_to(np.asarray(_int_value(arg, env)), full)
+                below, above = value < lo, value >= hi
+                # TC: every access keeps its argument in bounds (over the argument's other indices)
+                flat = (len(window), -1)
+                ok_every = ~(below | above).reshape(flat).any(axis=1)
+                keep_lo = keep_hi = True
+                if affine and guards and all(n in ranges for n in guard_only):
+                    taken = np.ones(full, bool)
+                    for cond, t in guards:
+                        taken = taken & np.broadcast_to(_cond_value(cond, env, t), full)
+                    keep_lo = bool((below & taken).any())   # the guard does not prove the lower side
+                    keep_hi = bool((above & taken).any())
+                strict_bad = (below if keep_lo else np.zeros(full, bool)) | (above if keep_hi else np.zeros(full, bool))
+                every = ok_every if every is None else every & ok_every
+                if keep_lo or keep_hi:
+                    ok_strict = ~strict_bad.reshape(flat).any(axis=1)
+                    strict = ok_strict if strict is None else strict & ok_strict
+                constraints.append((arg, lo, hi, guards, affine))
+            if every is None:
                 continue
-            if not good.any():
+            if not every.any() or (strict is not None and not strict.any()):
                 raise TCError(f"the inferred range of {index} is empty")
-            where = np.nonzero(good)[0]
-            if good[0] or good[-1]:
-                raise TCError(f"the inferred range of {index} is unbounded")
-            solved[index] = (int(window[where[0]]), int(window[where[-1]]) + 1)
-        if not solved:
+            ends = []
+            for side in (0, -1):
+                for good in (strict, every):
+                    if good is not None and not good[side]:
+                        where = np.nonzero(good)[0]
+                        ends.append(int(window[where[side]]))
+                        break
+                else:
+                    raise TCError(f"the inferred range of {index} is unbounded")
+            solved[index] = (ends[0], ends[1] + 1)
+        if not solved and not waiting:
             break
+        waiting = bool(solved)
         ranges.update(solved)
     for index in index_names:
         if index not in ranges:
@@ -230,11 +260,11 @@ class _Evaluator:
         if not args:
             return Value(self.full(t.v[()]), self.full(t.err[()]), self.full(False))
         idx, bad = [], self.full(False)
-        for a, extent in zip(args, t.v.shape):
+        for k, (a, extent) in enumerate(zip(args, t.v.shape)):
             x = self.eval(a)
             if x.v.dtype.kind == "f":
                 raise TCError(f"non-integral index of {name}")
-            i = x.v.astype(np.int64)
+            i = x.v.astype(np.int64) - t.first(k)
             bad = bad | x.bad | (i < 0) | (i >= extent)
             idx.append(np.clip(i, 0, extent - 1))
         return Value(t.v[tuple(idx)], t.err[tuple(idx)], bad)
@@ -344,6 +374,10 @@ class Tensor:
     v: np.ndarray     # float64 / int64 / bool values
     err: np.ndarray   # error scale per element
     dtype: str
+    origin: tuple = ()  # the logical index of element 0 per dimension (a first write starting away from 0)
+
+    def first(self, k: int) -> int:
+        return self.origin[k] if self.origin else 0
 
 
 def _identity(op, dtype):
@@ -411,6 +445,11 @@ def run(d: Def | str, inputs) -> dict:
         raise TCError("bad outputs")
     written = {s.tensor for s in d.statements}
     bound = set(sizes) | params | written
+    for k, s in enumerate(d.statements):  # TC computes whole tensors: none is written after another reads it
+        read = {t for t, _args, _guards in _accesses(s.rhs)} | (set(_names(s.rhs)) & written)
+        for later in d.statements[k + 1:]:
+            if later.tensor in read and later.tensor != s.tensor:
+                raise TCError(f"{later.tensor} is written again after a statement reads it")
     for s in d.statements:
         _statement(s, d, sizes, tensors, dtypes, shapes, params, bound)
     for o in d.outputs:
@@ -446,14 +485,16 @@ def _statement(s, d, sizes, tensors, dtypes, shapes, params, bound):
         dtype = dtypes[s.tensor]
         if rhs_dtype != dtype and not _weak(s.rhs) and not _widens(rhs_dtype, dtype):
             raise TCError(f"narrowing {rhs_dtype} to {dtype}")
-    ranges, constraints = infer_ranges(s, indices, shapes, sizes)
+    origins = {name: t.origin for name, t in tensors.items() if t.origin}
+    ranges, constraints = infer_ranges(s, indices, shapes, sizes, origins)
     for index in indices:
         if index in sizes or index in params:
             raise TCError(f"{index} used as an index")
-    if first:
-        shapes[s.tensor] = tuple(ranges[i][1] for i in s.lhs)
+    if first:  # TC: the tensor's box is the first write's ranges; element [lo] is stored first
+        shapes[s.tensor] = tuple(ranges[i][1] - ranges[i][0] for i in s.lhs)
         zeros = np.zeros(shapes[s.tensor], np.float64 if _is_float(dtype) else np.int64)
-        tensors[s.tensor] = Tensor(zeros, np.zeros(shapes[s.tensor]), dtype)
+        origin = tuple(ranges[i][0] for i in s.lhs)
+        tensors[s.tensor] = Tensor(zeros, np.zeros(shapes[s.tensor]), dtype, origin if any(origin) else ())
         dtypes[s.tensor] = dtype
     target = tensors[s.tensor]
     # the grid: one axis per index, lhs indices first
@@ -464,13 +505,14 @@ def _statement(s, d, sizes, tensors, dtypes, shapes, params, bound):
         shape[k] = -1
         env[i] = np.arange(*ranges[i], dtype=np.int64).reshape(shape)
     domain = np.ones(grid, bool)
-    for arg, extent, guards in constraints:
+    for arg, lo, hi, guards, affine in constraints:
         v = np.asarray(_int_value(arg, env))
-        inside = (v >= 0) & (v < extent)
-        for cond, taken in guards:
-            inside = inside | ~_cond_value(cond, env, taken)
+        inside = (v >= lo) & (v < hi)
+        if affine:  # a guard that reads data cannot be part of the domain: the read constrains everywhere
+            for cond, taken in guards:
+                inside = inside | ~_cond_value(cond, env, taken)
         domain &= np.broadcast_to(inside, grid)
-    _check_affine_reads(s.rhs, env, shapes, set(indices), domain, grid)
+    _check_affine_reads(s.rhs, env, tensors, set(indices), domain, grid)
     ev = _Evaluator(tensors, dtypes, env, grid, typer)
     value = ev.eval(s.rhs)
     if (value.bad & domain).any():
@@ -478,9 +520,10 @@ def _statement(s, d, sizes, tensors, dtypes, shapes, params, bound):
         at = ", ".join(f"{i}={ranges[i][0] + int(w)}" for i, w in zip(indices, where))
         raise OutOfBounds(f"a read leaves its tensor at {at}")
     lhs_idx = tuple(env[i].reshape(env[i].shape[:len(s.lhs)]) for i in s.lhs)
-    lhs_box = tuple(slice(*ranges[i]) for i in s.lhs)
-    for i, extent in zip(s.lhs, target.v.shape):
-        if ranges[i][0] < 0 or ranges[i][1] > extent:
+    lhs_box = tuple(slice(ranges[i][0] - target.first(k), ranges[i][1] - target.first(k))
+                    for k, i in enumerate(s.lhs))
+    for k, (i, extent) in enumerate(zip(s.lhs, target.v.shape)):
+        if ranges[i][0] < target.first(k) or ranges[i][1] > target.first(k) + extent:
             if domain.any():
                 raise TCError(f"the write to {s.tensor} leaves its shape")
     v = ev._as(value.v, dtype)
@@ -531,20 +574,20 @@ def _statement(s, d, sizes, tensors, dtypes, shapes, params, bound):
     target.err[lhs_box] = new_e
 
 
-def _check_affine_reads(rhs, env, shapes, indices, domain, grid):
+def _check_affine_reads(rhs, env, tensors, indices, domain, grid):
     """Every affine index argument of a read (wrapping casts, ``/`` and ``%`` by constants included) must stay
     in bounds wherever the *affine* conditions of its enclosing ``?:`` hold (polyc checks this at compile time
     and does not count data-dependent or non-affine conditions); arguments with data-dependent or non-affine
     indices (``A(I(i))``, ``A(i*j)``) are checked when evaluated (polyc: at run time)."""
     for tensor, args, guards in _accesses(rhs):
-        shape = shapes.get(tensor)
-        if shape is None or len(shape) != len(args):
+        t = tensors.get(tensor)
+        if t is None or t.v.ndim != len(args):
             continue
         bad = np.zeros(grid, bool)
-        for a, extent in zip(args, shape):  # each affine argument (the others are checked at run time)
+        for k, (a, extent) in enumerate(zip(args, t.v.shape)):  # each affine argument (others: at run time)
             if _has_read(a) or not _affine(a, indices):
                 continue
-            v = np.asarray(_int_value(a, env))
+            v = np.asarray(_int_value(a, env)) - t.first(k)
             bad = bad | np.broadcast_to((v < 0) | (v >= extent), grid)
         for cond, taken in guards:
             if _affine_cond(cond, indices):

@@ -107,8 +107,12 @@ def test_data_dependent_index_and_bounds():
     np.testing.assert_array_equal(g, a[idx])
     with pytest.raises(R.TCError, match="leaves"):
         R.run("def f(float(N) A, int32(M) I) -> (G) { G(i) = A(I(i)) }", [a, np.array([5], np.int32)])
+    # the guard proves the lower side only, and nothing else bounds it: TC's rule (i - 1 >= 0) applies, so B
+    # has A's extent and starts at i = 1
+    b, = values("def f(float(N) A) -> (B) { B(i) = i >= 1 ? A(i-1) : 0.0 }", a)
+    np.testing.assert_array_equal(b, a)
     with pytest.raises(R.TCError, match="unbounded"):
-        R.run("def f(float(N) A) -> (B) { B(i) = i >= 1 ? A(i-1) : 0.0 }", [a])
+        R.run("def f(float(N) A) -> (B) { B(i) = A(i % 3) }", [a])
     with pytest.raises(R.TCError, match="cannot infer"):
         R.run("def f(float(N) A) -> (B) { B(i) +=! A(j) }", [a])
     with pytest.raises(R.TCError, match="leave"):

@@ -80,15 +80,28 @@ def test_let_bindings_are_substituted_and_dropped():
 
 
 def test_data_dependent_read_and_zero_d_tensors():
-    c = check("def g(float(N) A, int32(M) I) -> (O, S) {\n"
-              " O(m) = A(I(m))\n S +=! O(m)\n T() = S + 1\n O(m) += T\n}")
+    c = check("def g(float(N) A, int32(M) I) -> (O, S, P) {\n"
+              " O(m) = A(I(m))\n S +=! O(m)\n T() = S + 1\n P(m) = O(m) + T\n}")
     acc = c.statements[0].stmt.rhs
     assert acc.args[0] == A.Access("I", (A.Ident("m", dtype="int32", kind="index"),), dtype="int32")
     assert c.statements[1].lhs_indices == () and c.statements[1].reduction_indices == ("m",)
     assert c.statements[2].stmt.rhs.lhs == A.Access("S", (), dtype="float32")
-    assert c.statements[3].stmt.rhs == A.Access("T", (), dtype="float32")
+    assert c.statements[3].stmt.rhs.rhs == A.Access("T", (), dtype="float32")
     s = rhs("def f(float a) -> (O) { O = a() }")
     assert s == A.Ident("a", dtype="float32", kind="scalar")
+
+
+@pytest.mark.parametrize("src, at", [
+    # O is read by S, then updated: TC would compute O completely first (a cycle through T), polyc in order
+    ("def g(float(N) A) -> (O, S) {\n O(m) = A(m)\n S +=! O(m)\n T() = S + 1\n O(m) += T\n}", "5:2"),
+    ("def g(float(N) A) -> (O, T) {\n T(i) = A(i)\n O(i) = T(i)\n T(i) = A(i) * 2\n}", "4:2"),
+])
+def test_a_tensor_written_again_after_another_statement_reads_it_is_refused(src, at):
+    with pytest.raises(SemanticError, match="written again after a statement reads it") as info:
+        check(src)
+    assert f":{at}:" in str(info.value)
+    # updating a tensor in place, and reading it after its last write, are fine
+    check("def g(float(N) A) -> (O, P) {\n O(i) = A(i)\n O(i) = O(i) * 2\n P(i) = O(i)\n}")
 
 
 # ---- typing ----

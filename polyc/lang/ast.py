@@ -205,8 +205,25 @@ class IndexVar:
 
 
 @dataclass(frozen=True)
+class Equivalent:
+    """``<=> name(args)``: TC's equivalent-library-call annotation on a statement, e.g. ``<=> matmul(A, B)``.
+
+    Metadata only: it names a library function computing the same thing and is never checked or compiled.
+    """
+
+    name: str
+    args: tuple[Expr, ...] = ()
+    span: Span | None = _span_field()
+
+
+@dataclass(frozen=True)
 class Statement:
-    """``tensor(indices) op rhs [where clauses]``; ``op`` is one of :data:`ASSIGN_OPS`."""
+    """``tensor(indices) op rhs [<=> name(args)] [where clauses]``; ``op`` is one of :data:`ASSIGN_OPS`.
+
+    ``equivalent`` is the optional :class:`Equivalent` annotation. Like the span it is left out of equality
+    and hashing: it does not change what the statement computes, so two statements that differ only in
+    it are the same statement. Checking drops it (the typed statement has none).
+    """
 
     tensor: str
     indices: tuple[IndexVar, ...]
@@ -214,6 +231,7 @@ class Statement:
     rhs: Expr
     where: tuple[WhereClause, ...] = ()
     span: Span | None = _span_field()
+    equivalent: Equivalent | None = field(default=None, compare=False)
 
     @property
     def reduction_op(self) -> str:

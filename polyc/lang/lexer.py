@@ -1,11 +1,16 @@
 """The lexer: source text → a list of :class:`Token` with spans.
 
 Newlines are not tokens; each token records whether a line break came before it (``newline_before``), which
-is how the parser tells statements apart (a statement ends at a newline, a ``;`` or the closing ``}``).
+the parser uses to tell statements apart (a statement ends at a newline, a ``;``, the closing ``}``, or, as in
+TC, right before the next statement's left-hand side).
 ``#`` starts a comment that runs to the end of the line.
 
     >>> [t.text for t in tokenize("C(m) +=! A(m,k)  # sum")]
     ['C', '(', 'm', ')', '+=!', 'A', '(', 'm', ',', 'k', ')', '']
+
+An identifier followed right away by ``.`` and digits is one identifier token, ``T.1``: TC's dimension
+specifier (the extent of dimension 1 of ``T``); as an identifier then a number it could not occur in a valid
+program.
 
 The reduction operators ``max=`` and ``min=`` are not tokens here: ``max`` and ``min`` are also builtins, so
 the parser joins an identifier ``max``/``min`` with an adjacent ``=`` (and ``!``) where an operator is due.
@@ -19,9 +24,11 @@ from ..errors import ParseError, Span
 #: Reserved words: they cannot name a tensor, a size or an index.
 KEYWORDS = frozenset({"def", "where", "in", "exists"})
 
-#: Punctuation and operators, longest first so that the lexer takes the longest match.
+#: Punctuation and operators, longest first so that the lexer takes the longest match. ``<=>`` marks TC's
+#: equivalent-library-call annotation (``... <=> matmul(A, B)``); as ``<=`` then ``>`` it could not occur in a
+#: valid program, so taking it as one token changes no program that parsed before.
 OPERATORS = (
-    "+=!", "*=!",
+    "+=!", "*=!", "<=>",
     "->", "+=", "*=", "==", "!=", "<=", ">=", "&&", "||",
     "=", "<", ">", "+", "-", "*", "/", "%", "!", "?", ":", "(", ")", "{", "}", ",", ";",
 )
@@ -133,6 +140,11 @@ def _next_token(s: _Scanner, source: str, newline: bool) -> Token:
             s.advance()
         text = source[start:s.pos]
         kind = "keyword" if text in KEYWORDS else "ident"
+        if kind == "ident" and s.peek() == "." and _is_digit(s.peek(1)):  # TC's dimension specifier T.1
+            s.advance()
+            while _is_digit(s.peek()):
+                s.advance()
+            text = source[start:s.pos]
         return Token(kind, text, Span(line, col, s.line, s.col), newline)
     if _is_digit(c) or (c == "." and _is_digit(s.peek(1))):
         return _number(s, source, newline)

@@ -7,6 +7,12 @@ A recursive-descent parser over the tokens of :mod:`polyc.lang.lexer`; expressio
     >>> p.defs[0].statements[0].rhs == A.Binary("+", A.Access("A", (A.Ident("i"),)), A.Access("B", (A.Ident("i"),)))
     True
 
+A statement is ``T(indices) op rhs [<=> name(args)] [where clauses]``; the ``<=> name(args)`` annotation (TC's
+equivalent library call, kept as :class:`~polyc.lang.ast.Equivalent` metadata) may also follow the where
+clauses. A statement ends at a newline, a ``;`` or the ``}``, or, as in TC, where its expression ends when the
+next tokens are a left-hand side and an assignment operator (``{ A(i) = B(i) C(i) = A(i) }``). The expression
+parser never looks at line breaks, so this only accepts text that used to be an error.
+
 ``NAME(args)`` is a :class:`Cast` when ``NAME`` is a type, a :class:`Call` when it is one of
 :data:`~polyc.lang.ast.BUILTINS`, and a tensor :class:`Access` otherwise. A left-hand side takes index
 variables only (TC's rule: ``T(i, j) = ...``; ``T(i*i)`` or ``T(i+1)`` is a ParseError at the index), so every
@@ -132,6 +138,9 @@ class _Parser:
         if t.text in A.TYPE_NAMES or t.text in UNSUPPORTED_TYPES:
             raise self.error(f"'{t.text}' is a type name and cannot be used as {what}", t.span,
                              hint="choose another name")
+        if "." in t.text:
+            raise self.error(f"'{t.text}' is a dimension of a tensor and cannot be used as {what}", t.span,
+                             hint="choose a name without '.'")
         return self.advance()
 
     # ---- program and defs ----
@@ -221,11 +230,49 @@ class _Parser:
     # ---- statements ----
 
     def end_of_statement(self) -> None:
+        """Check that the statement just parsed ends here: at a newline, ``;``, ``}``, the end of input, or
+        (TC's rule) right before the next statement's ``NAME(indices) op``. Consumes nothing."""
         t = self.tok
-        if t.is_op(";", "}") or t.newline_before or t.kind == "eof":
+        if t.is_op(";", "}") or t.newline_before or t.kind == "eof" or self.at_statement_start():
             return
         raise self.error(f"expected a newline or ';' after the statement, found {t.describe()}", t.span,
                          hint="put each statement on its own line or separate statements with ';'")
+
+    def at_statement_start(self) -> bool:
+        """Whether the tokens from here read ``NAME [( ... )] op`` with ``op`` an assignment operator: the
+        start of a statement written right after the previous one. Looks ahead only."""
+        t = self.tok
+        if t.kind != "ident" or t.text in A.TYPE_NAMES or t.text in UNSUPPORTED_TYPES:
+            return False
+        k = 1
+        if self.peek(k).is_op("("):
+            depth = 0
+            while True:
+                u = self.peek(k)
+                if u.kind == "eof" or u.is_op("{", "}", ";"):
+                    return False
+                if u.is_op("("):
+                    depth += 1
+                elif u.is_op(")"):
+                    depth -= 1
+                k += 1
+                if depth == 0:
+                    break
+        return self.assign_op_at(k) is not None
+
+    def assign_op_at(self, k: int) -> tuple[str, int] | None:
+        """The assignment operator starting ``k`` tokens ahead and how many tokens it spans, or None."""
+        t = self.peek(k)
+        if t.kind == "op" and t.text in _ASSIGN_SIMPLE:
+            return t.text, 1
+        if t.kind == "ident" and t.text in ("max", "min"):
+            eq = self.peek(k + 1)
+            if eq.is_op("=") and _adjacent(t, eq):
+                bang = self.peek(k + 2)
+                if bang.is_op("!") and _adjacent(eq, bang):
+                    return t.text + "=!", 3
+                return t.text + "=", 2
+        return None
 
     def statement(self) -> A.Statement:
         head = self.name("a tensor name to start a statement")
@@ -239,18 +286,40 @@ class _Parser:
             self.expect(")", "after the left-hand side indices")
         op = self.assign_op()
         rhs = self.expr()
+        equivalent = self.equivalent()
         where: list[A.WhereClause] = []
         if self.tok.is_keyword("where"):
             self.advance()
             where.append(self.where_clause())
             while self.accept(","):
                 where.append(self.where_clause())
+        if self.tok.is_op("<=>"):
+            if equivalent is not None:
+                raise self.error("a statement takes one '<=>' annotation", self.tok.span,
+                                 hint="write it once, before or after the where clauses")
+            equivalent = self.equivalent()
         span = head.span.to(self.prev_span)
-        for e in [rhs] + [x for c in where for x in _clause_exprs(c)]:
+        exprs = [rhs] + [x for c in where for x in _clause_exprs(c)] + list(equivalent.args if equivalent else ())
+        for e in exprs:
             if expr_depth(e) > MAX_DEPTH:
                 raise self.error(f"expression nested too deeply (more than {MAX_DEPTH} levels)", e.span,
                                  hint="split it with where-clause bindings or temporaries")
-        return A.Statement(head.text, tuple(indices), op, rhs, tuple(where), span)
+        return A.Statement(head.text, tuple(indices), op, rhs, tuple(where), span, equivalent)
+
+    def equivalent(self) -> A.Equivalent | None:
+        """``<=> name(args)``, TC's equivalent-library-call annotation, if one comes next."""
+        if not self.tok.is_op("<=>"):
+            return None
+        start = self.advance().span
+        name = self.name("a library function name after '<=>'")
+        self.expect("(", f"after '{name.text}' (the annotation is written '<=> name(args)')")
+        args = []
+        if not self.tok.is_op(")"):
+            args.append(self.expr())
+            while self.accept(","):
+                args.append(self.expr())
+        end = self.expect(")", f"to close the arguments of '{name.text}'").span
+        return A.Equivalent(name.text, tuple(args), start.to(end))
 
     def lhs_index(self) -> A.IndexVar:
         e = self.expr()
@@ -261,19 +330,11 @@ class _Parser:
 
     def assign_op(self) -> str:
         t = self.tok
-        if t.kind == "op" and t.text in _ASSIGN_SIMPLE:
-            self.advance()
-            return t.text
-        if t.kind == "ident" and t.text in ("max", "min"):
-            eq = self.peek()
-            if eq.is_op("=") and _adjacent(t, eq):
+        found = self.assign_op_at(0)
+        if found is not None:
+            for _ in range(found[1]):
                 self.advance()
-                self.advance()
-                bang = self.tok
-                if bang.is_op("!") and _adjacent(eq, bang):
-                    self.advance()
-                    return t.text + "=!"
-                return t.text + "="
+            return found[0]
         raise self.error(f"expected an assignment operator, found {t.describe()}", t.span,
                          hint="operators: = += *= max= min= and the initializing forms +=! *=! max=! min=!")
 
@@ -348,6 +409,9 @@ class _Parser:
             self.expect(")", "to close the parenthesis")
             return e
         if t.kind == "ident":
+            if self.peek().is_op("(") and "." in t.text:
+                raise self.error(f"'{t.text}' is a dimension of a tensor (a number) and takes no arguments",
+                                 t.span, hint=f"write '{t.text}' alone")
             if self.peek().is_op("("):
                 return self.application()
             if t.text in A.TYPE_NAMES or t.text in UNSUPPORTED_TYPES:

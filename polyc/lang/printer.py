@@ -34,9 +34,11 @@ def format_def(d: A.Def) -> str:
 
 
 def format_statement(s: A.Statement) -> str:
-    """``T(i, j) op rhs [where clause, ...]``."""
+    """``T(i, j) op rhs [<=> name(args)] [where clause, ...]`` (the annotation where TC's grammar puts it)."""
     lhs = f"{s.tensor}({', '.join(i.name for i in s.indices)})"
     text = f"{lhs} {s.op} {format_expr(s.rhs)}"
+    if s.equivalent is not None:
+        text += f" <=> {s.equivalent.name}({', '.join(format_expr(a) for a in s.equivalent.args)})"
     if s.where:
         text += " where " + ", ".join(format_clause(c) for c in s.where)
     return text

@@ -130,10 +130,46 @@ def _check(defn: A.Def, source: str) -> A.CheckedDef:
         if t.role == "temp" and stmt.tensor not in temps:
             temps.append(stmt.tensor)
     check_outputs_written(defn, env)
+    check_no_rewrite_after_read(checked)
     order = [p.name for p in defn.params] + [o.name for o in defn.outputs] + temps
     decls = tuple(A.TensorDecl(n, env.tensors[n].dtype, env.tensors[n].rank, env.tensors[n].role,
                                env.tensors[n].dims, env.tensors[n].span) for n in order)
     return A.CheckedDef(defn.name, decls, tuple(env.sizes), tuple(checked), source)
+
+
+def check_no_rewrite_after_read(statements: list) -> None:
+    """Raise SemanticError when a statement reads a tensor that a later statement writes again.
+
+    TC computes every tensor completely (all its statements) before another statement reads it, so such a
+    read sees the tensor's final value in TC, and a later statement that also reads the reader is a cycle TC
+    rejects; polyc runs statements in order. Rather than give either answer silently, the def is refused at
+    the later write (a statement reading the tensor it writes, ``O(i) = O(i) + 1``, is an update, not this).
+    """
+    last_write: dict[str, int] = {}
+    for k, cs in enumerate(statements):
+        last_write[cs.stmt.tensor] = k
+    for k, cs in enumerate(statements):
+        exprs = [cs.stmt.rhs] + [w.expr for w in cs.stmt.where if isinstance(w, A.ExistsClause)]
+        for name, span in _reads(exprs):
+            if name == cs.stmt.tensor or last_write.get(name, -1) <= k:
+                continue
+            later = next(c.stmt for c in statements[k + 1:] if c.stmt.tensor == name)
+            where = f" (line {span.line}:{span.col})" if span is not None else ""
+            raise _error(f"'{name}' is written again after a statement reads it{where}: TC computes a tensor "
+                         f"completely before another statement reads it, polyc runs statements in order, "
+                         f"so the read's meaning would differ", later.span,
+                         f"finish writing '{name}' before reading it, or write these values to a new tensor")
+
+
+def _reads(exprs: list) -> list:
+    """``(tensor, span)`` of every access in ``exprs``."""
+    found, stack = [], list(exprs)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, A.Access):
+            found.append((node.tensor, node.span))
+        stack.extend(expr_children(node))
+    return found
 
 
 # ---- parameters and outputs ----
@@ -213,7 +249,7 @@ def check_statement(stmt: A.Statement, env: _Env) -> A.CheckedStatement:
     typed_rhs = check_assignment(stmt, typed_rhs, target)
     check_first_write(stmt, target)
     target.written = True
-    typed = A.Statement(stmt.tensor, stmt.indices, stmt.op, typed_rhs, typed_where, stmt.span)
+    typed = A.Statement(stmt.tensor, stmt.indices, stmt.op, typed_rhs, typed_where, stmt.span, stmt.equivalent)
     return A.CheckedStatement(typed, lhs_names, reductions)
 
 
@@ -367,7 +403,7 @@ def collect_indices(rhs: A.Expr, where: list, lhs: tuple, env: _Env) -> dict:
 
 
 def _is_bound(name: str, env: _Env) -> bool:
-    return name in env.sizes or name in env.scalars or name in env.tensors or name in env.all_written
+    return "." in name or name in env.sizes or name in env.scalars or name in env.tensors or name in env.all_written
 
 
 def _walk(e: A.Expr):
@@ -394,12 +430,12 @@ def check_range_clauses(where: list, env: _Env) -> None:
 
 
 def check_bound(e: A.Expr, index: str, env: _Env) -> None:
-    """A range bound uses only sizes, integer literals and integer arithmetic."""
+    """A range bound uses only sizes (and dimensions ``T.k``), integer literals and integer arithmetic."""
     stack = [e]
     while stack:
         node = stack.pop()
         bad = None
-        if isinstance(node, A.Ident) and node.name not in env.sizes:
+        if isinstance(node, A.Ident) and node.name not in env.sizes and "." not in node.name:  # T.k: typed later
             bad = f"'{node.name}'"
         elif isinstance(node, (A.Access, A.Call, A.Select)):
             bad = "a tensor read" if isinstance(node, A.Access) else "a call or conditional"
@@ -630,6 +666,8 @@ def type_expr(e: A.Expr, scope: _Scope) -> A.Expr:
 
 def type_ident(e: A.Ident, scope: _Scope) -> A.Expr:
     env = scope.env
+    if "." in e.name:
+        return type_dimension(e, scope)
     if e.name in scope.indices:
         return replace(e, dtype="int32", kind="index")
     if e.name in env.sizes:
@@ -641,6 +679,26 @@ def type_ident(e: A.Ident, scope: _Scope) -> A.Expr:
     raise _error(f"undefined variable '{e.name}'", e.span,
                  f"declare '{e.name}' as a parameter, use it as an index of a tensor, "
                  f"or bind it with a where clause")
+
+
+def type_dimension(e: A.Ident, scope: _Scope) -> A.Expr:
+    """TC's dimension specifier ``T.k``, the extent of dimension ``k`` of ``T``: a size (int32) when ``T`` is a
+    parameter or a declared output, or is written by an earlier statement (its extent is then inferred;
+    :func:`polyc.poly.build.build_scop` binds it)."""
+    name, _, digits = e.name.partition(".")
+    k = int(digits)
+    t = scope.env.tensors.get(name)
+    if t is None or (t.dims is None and not t.written):
+        what = "is not a tensor" if t is None and name not in scope.env.all_written else \
+            "has no extents yet (its first statement is not done)"
+        raise _error(f"'{e.name}': '{name}' {what}", e.span,
+                     f"'T.k' is the extent of dimension k of a parameter or of a tensor written earlier")
+    rank = t.rank if t.rank is not None else 0
+    if k >= rank:
+        raise _error(f"'{e.name}': '{name}' has rank {rank}, so its dimensions are {name}.0 to {name}.{rank - 1}"
+                     if rank else f"'{e.name}': '{name}' is 0-d and has no dimensions", e.span,
+                     "dimensions count from 0")
+    return replace(e, dtype="int32", kind="size")
 
 
 def type_access(e: A.Access, scope: _Scope) -> A.Expr:

@@ -77,38 +77,128 @@ def input_shapes(checked: L.CheckedDef, sizes: dict) -> dict[str, tuple[int, ...
 def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
     """The Scop of ``checked`` specialised on ``sizes`` (size name → extent, every size of the def).
 
+    A tensor whose shape comes from its first write takes that write's inferred ranges ``[lo, hi)`` as its
+    logical box (TC's semantics): its extent is ``hi - lo`` and element ``lo`` is stored first
+    (:attr:`Tensor.origin`). Statements address it with logical indices; the Scop is in storage coordinates
+    (see :func:`_to_storage`).
+
     Raises :class:`~polyc.errors.RangeError` when range inference fails or an access can leave its tensor.
     """
     shapes = input_shapes(checked, sizes)
+    dimensions = _dimension_names(checked)
+    sizes = dict(sizes)
+    _bind_dimensions(sizes, dimensions, shapes)
+    origins: dict[str, tuple[int, ...]] = {}
     statements: list[PolyStatement] = []
     ranges: dict = {}
     try:
         for cs in checked.statements:
-            stmt_ranges, constraints = infer_ranges(cs, shapes, sizes, checked.source)
+            stmt_ranges, constraints = infer_ranges(cs, shapes, sizes, checked.source, origins)
             if cs.stmt.tensor not in shapes:
-                shapes[cs.stmt.tensor] = tuple(stmt_ranges[i][1] for i in cs.lhs_indices)
+                shapes[cs.stmt.tensor] = tuple(stmt_ranges[i][1] - stmt_ranges[i][0] for i in cs.lhs_indices)
+                if any(stmt_ranges[i][0] for i in cs.lhs_indices):
+                    origins[cs.stmt.tensor] = tuple(stmt_ranges[i][0] for i in cs.lhs_indices)
+                _bind_dimensions(sizes, dimensions, shapes)
+            shift = dict(zip(cs.lhs_indices, origins.get(cs.stmt.tensor, (0,) * len(cs.lhs_indices))))
+            rhs = _to_storage(cs.stmt.rhs, shift, origins)
+            stmt_ranges = {i: (lo - shift.get(i, 0), hi - shift.get(i, 0)) for i, (lo, hi) in stmt_ranges.items()}
             if cs.stmt.initializes:
                 name = f"S{len(statements)}"
                 init_domain = _box(name, cs.lhs_indices, stmt_ranges)
                 dtype = checked.tensor(cs.stmt.tensor).dtype
-                rhs = L.Const(identity_value(cs.stmt.reduction_op, dtype), dtype=dtype)
-                statements.append(_statement(name, cs.lhs_indices, init_domain, cs, "init", rhs, sizes, shapes,
+                init = L.Const(identity_value(cs.stmt.reduction_op, dtype), dtype=dtype)
+                statements.append(_statement(name, cs.lhs_indices, init_domain, cs, "init", init, sizes, shapes,
                                              stmt_ranges, checked.source))
             name = f"S{len(statements)}"
             indices = cs.lhs_indices + reduction_order(cs, checked, shapes, sizes)
             for index in indices:
                 ranges[(name, index)] = stmt_ranges[index]
-            box = [f"{stmt_ranges[i][0]} <= {isl_name(i)} < {stmt_ranges[i][1]}" for i in indices]
+            box = [f"{stmt_ranges[i][0] + shift.get(i, 0)} <= {isl_name(i)} < {stmt_ranges[i][1] + shift.get(i, 0)}"
+                   for i in indices]
             domain = isl.Set(_set_text(name, indices, box + constraints))
-            statements.append(_statement(name, indices, domain, cs, cs.stmt.reduction_op, cs.stmt.rhs,
+            if any(shift.values()):  # the constraints are in logical coordinates: translate to storage ones
+                dims = ", ".join(isl_name(i) for i in indices)
+                moved = ", ".join(f"{isl_name(i)} - ({shift.get(i, 0)})" for i in indices)
+                domain = domain.apply(isl.Map(f"{{ {name}[{dims}] -> {name}[{moved}] }}"))
+                for k, i in enumerate(indices):
+                    domain = domain.set_dim_name(isl.dim_type.set, k, isl_name(i))
+            statements.append(_statement(name, indices, domain, cs, cs.stmt.reduction_op, rhs,
                                          sizes, shapes, stmt_ranges, checked.source))
     except isl.Error as exc:  # a polyc bug: the text we built is not isl's
         raise SemanticError(f"internal error building the polyhedral model: {exc}") from None
-    tensors = tuple(Tensor(t.name, t.dtype, shapes[t.name], t.role) for t in checked.tensors)
+    tensors = tuple(Tensor(t.name, t.dtype, shapes[t.name], t.role, origin=origins.get(t.name, ()))
+                    for t in checked.tensors)
     scop = Scop(checked.name, tensors, tuple(statements), dict(sizes), ranges, (), checked.source)
     for s in scop.statements:
         check_bounds(s, scop, checked.source)
     return scop
+
+
+def _dimension_names(checked: L.CheckedDef) -> set[str]:
+    """The dimension specifiers ``T.k`` the def uses (sizes named ``"T.k"``, see ``sema.type_dimension``)."""
+    found: set[str] = set()
+
+    def visit(e):
+        if isinstance(e, L.Ident) and e.kind == "size" and "." in e.name:
+            found.add(e.name)
+        for c in children(e):
+            visit(c)
+
+    for cs in checked.statements:
+        visit(cs.stmt.rhs)
+        for clause in cs.stmt.where:
+            for part in ((clause.lo, clause.hi) if isinstance(clause, L.RangeClause) else (clause.expr,)):
+                visit(part)
+    return found
+
+
+def _bind_dimensions(sizes: dict, dimensions: set[str], shapes: dict) -> None:
+    """Give each used ``T.k`` whose tensor has a shape by now its extent, as a size."""
+    for name in dimensions:
+        tensor, _, k = name.partition(".")
+        if name not in sizes and tensor in shapes:
+            sizes[name] = shapes[tensor][int(k)]
+
+
+def _to_storage(e: L.Expr, shift: dict, origins: dict) -> L.Expr:
+    """``e`` in storage coordinates: each left-hand index ``i`` of the statement, which now counts from the
+    written tensor's first element, stands for ``i + shift[i]``; a read of a tensor whose first element is
+    ``origin`` reads ``arg - origin``. Unchanged (the same object) when no shift or origin applies."""
+    if not any(shift.values()) and not origins:
+        return e
+    if isinstance(e, L.Ident) and e.kind == "index":
+        return _plus(e, shift.get(e.name, 0))
+    kids = children(e)
+    if not kids:
+        return e
+    new = tuple(_to_storage(c, shift, origins) for c in kids)
+    if isinstance(e, L.Access):
+        origin = origins.get(e.tensor)
+        if origin:
+            new = tuple(_plus(a, -o) for a, o in zip(new, origin))
+        return dataclasses.replace(e, args=new)
+    if all(n is c for n, c in zip(new, kids)):
+        return e
+    if isinstance(e, (L.Unary, L.Cast)):
+        return dataclasses.replace(e, operand=new[0])
+    if isinstance(e, L.Binary):
+        return dataclasses.replace(e, lhs=new[0], rhs=new[1])
+    if isinstance(e, L.Select):
+        return dataclasses.replace(e, cond=new[0], then=new[1], other=new[2])
+    return dataclasses.replace(e, args=new)  # Call
+
+
+def _plus(e: L.Expr, k: int) -> L.Expr:
+    """``e + k`` for an integer index expression, folding ``(x + c) + k`` into ``x + (c + k)``."""
+    if k == 0:
+        return e
+    if isinstance(e, L.Binary) and e.op == "+" and isinstance(e.rhs, L.Const) and isinstance(e.rhs.value, int) \
+            and not isinstance(e.rhs.value, bool) and e.rhs.dtype == e.dtype:
+        total = e.rhs.value + k
+        return e.lhs if total == 0 else dataclasses.replace(e, rhs=dataclasses.replace(e.rhs, value=total))
+    if e.dtype not in ("int32", "int64"):
+        e = L.Cast("int64", e, e.span, "int64")
+    return L.Binary("+", e, L.Const(k, e.span, e.dtype), e.span, e.dtype)
 
 
 # ---- range inference -------------------------------------------------------------------------------------
@@ -128,10 +218,24 @@ def _accesses(expr: L.Expr, out: list, guards: tuple = ()):
     return out
 
 
-def infer_ranges(cs: L.CheckedStatement, shapes: dict, sizes: dict, source: str):
+def infer_ranges(cs: L.CheckedStatement, shapes: dict, sizes: dict, source: str, origins: dict | None = None):
     """``(ranges, constraints)``: index → ``(lo, hi)`` and the isl text of the constraints that keep the
-    accesses used for inference in bounds (they may cut holes in the box)."""
+    accesses used for inference in bounds (they may cut holes in the box).
+
+    ``origins`` (tensor → the index of its first element per dimension, 0 where absent) gives each known
+    tensor its logical box ``[origin, origin + extent)``: an access is in bounds inside that box.
+
+    A read under ``?:`` constrains as every access does in TC, except on a side (lower or upper bound) its
+    guard proves: where the guard's conditions, with the argument's other indices and the guard's indices in
+    their ranges, exclude leaving the tensor on that side, the read does not shrink the range there (padding:
+    ``(h - 1 >= 0 && h - 1 < H) ? X(h - 1) : 0``) — unless nothing else bounds that side, when every access
+    constrains it (TC's rule). A guarded read is used once its guard's indices have ranges too; when a round
+    solves nothing, the next one uses the reads still waiting, their guards proving nothing (so an index bound
+    only under ``(j >= i) ? lens(j) : 0`` gets lens's range). A guard that is not affine (it reads data)
+    proves nothing.
+    """
     stmt = cs.stmt
+    origins = origins or {}
     ranges: dict[str, tuple[int, int]] = {}
     constraints: list[str] = []
     for clause in stmt.where:
@@ -153,13 +257,14 @@ def infer_ranges(cs: L.CheckedStatement, shapes: dict, sizes: dict, source: str)
     if stmt.tensor in shapes:
         lhs_args = tuple(L.Ident(i.name, i.span, "int32", "index") for i in stmt.indices)
         accesses.append((stmt.tensor, lhs_args, stmt.span, ()))
-    candidates = []  # (indices involved, arg text, extent, guard conditions)
+    candidates = []  # _Candidate per affine argument that may bound an index
     for tensor, args, _span, guards in accesses:
         shape = shapes.get(tensor)
         if shape is None or len(shape) != len(args):
             continue
+        origin = origins.get(tensor) or (0,) * len(shape)
         guard_names = [n for cond, _ in guards for n in index_names(cond)]
-        for arg, extent in zip(args, shape):
+        for arg, extent, first in zip(args, shape, origin):
             names = index_names(arg)
             # no wrap-around here: an index whose cast may wrap does not bound the range (give a where clause)
             text = affine_text(arg, set(names), sizes, ranges, allow_wrap=False)
@@ -167,34 +272,46 @@ def infer_ranges(cs: L.CheckedStatement, shapes: dict, sizes: dict, source: str)
                 continue
             involved = list(dict.fromkeys(names + guard_names))
             conds = [guard_text(cond, set(involved), sizes, negate) for cond, negate in guards]
-            if any(c is None for c in conds):
-                continue  # a read under a non-affine condition does not constrain the ranges
-            candidates.append((names, involved, text, extent, conds))
+            candidates.append(_Candidate(names, [n for n in dict.fromkeys(guard_names) if n not in names], text, first,
+                                         first + extent, None if any(c is None for c in conds) else conds))
+    waiting = True  # a read waits for its guard's indices to have ranges, until no round solves anything
     while True:
         solved = {}
         for index in cs.indices:
             if index in ranges:
                 continue
-            good = None
-            for names, involved, text, extent, conds in candidates:
-                if index not in names or any(n != index and n not in ranges for n in involved):
+            strict = every = None
+            for c in candidates:
+                if index not in c.names or any(n != index and n not in ranges for n in c.names):
                     continue
-                others = [n for n in involved if n != index]
-                keep = _in_bounds_set(index, others, ranges, text, extent, conds)
-                good = keep if good is None else good.intersect(keep)
-                inside = f"0 <= {text} < {extent}"
-                constraints.append(f"(not ({' and '.join(conds)}) or ({inside}))" if conds else inside)
-            if good is None:
+                if waiting and any(n != index and n not in ranges for n in c.guard_names):
+                    continue
+                others = [n for n in c.names if n != index]
+                inside = f"{c.lo} <= {c.text} < {c.hi}"
+                sides = [f"{c.lo} <= {c.text}", f"{c.text} < {c.hi}"]
+                every_set = _in_bounds_set(index, others, ranges, sides)
+                every = every_set if every is None else every.intersect(every_set)
+                if c.conds is None:
+                    constraints.append(inside)
+                    kept = sides
+                else:
+                    constraints.append(f"(not ({' and '.join(c.conds)}) or ({inside}))" if c.conds else inside)
+                    kept = [side for side in sides if not _guard_proves(index, others, c, ranges, side)]
+                strict_set = _in_bounds_set(index, others, ranges, kept) if kept else None
+                if strict_set is not None:
+                    strict = strict_set if strict is None else strict.intersect(strict_set)
+            if every is None:
                 continue
-            if good.is_empty() or not good.is_bounded():
-                kind = "empty" if good.is_empty() else "unbounded"
+            lo = _side(strict, every, "min")
+            hi = _side(strict, every, "max")
+            if every.is_empty() or (strict is not None and strict.is_empty()) or lo is None or hi is None or lo > hi:
+                kind = "unbounded" if (lo is None or hi is None) and not every.is_empty() else "empty"
                 raise RangeError(f"the inferred range of index '{index}' is {kind}", stmt.span, source,
                                  hint=f"check the argument shapes, or give the range with 'where {index} in lo:hi'")
-            lo = _bound(good, min)
-            hi = _bound(good, max) + 1
-            solved[index] = (lo, hi)
-        if not solved:
+            solved[index] = (lo, hi + 1)
+        if not solved and not waiting:
             break
+        waiting = bool(solved)
         ranges.update(solved)
     for index in cs.indices:
         if index not in ranges:
@@ -203,21 +320,53 @@ def infer_ranges(cs: L.CheckedStatement, shapes: dict, sizes: dict, source: str)
     return ranges, constraints
 
 
-def _in_bounds_set(index: str, others: list[str], ranges: dict, text: str, extent: int,
-                   conds: list[str] = ()) -> isl.Set:
-    """``{ [index] : for all others in their ranges where conds hold, 0 <= text < extent }``."""
+@dataclasses.dataclass(frozen=True)
+class _Candidate:
+    """An affine access argument that may bound the ranges of its indices: ``lo <= text < hi`` keeps it in
+    the tensor's box; ``conds`` are the isl texts of the enclosing ``?:`` guards (None: a guard that is not
+    affine), ``guard_names`` the guards' indices that are not in the argument."""
+
+    names: list
+    guard_names: list
+    text: str
+    lo: int
+    hi: int
+    conds: list | None
+
+
+def _guard_proves(index: str, others: list[str], c: _Candidate, ranges: dict, side: str) -> bool:
+    """Whether ``c``'s guards keep ``side`` (``lo <= text`` or ``text < hi``) for every ``index``, with the
+    argument's other indices and the guards' own indices in their ranges (False while one has no range)."""
+    if not c.conds or any(n not in ranges for n in c.guard_names):
+        return False
+    bound = others + c.guard_names
+    dims = ", ".join(isl_name(n) for n in [index] + bound)
+    box = [f"{ranges[n][0]} <= {isl_name(n)} < {ranges[n][1]}" for n in bound]
+    violated = isl.Set(f"{{ [{dims}] : {' and '.join(box + [f'({x})' for x in c.conds]) or 'true'} "
+                       f"and not ({side}) }}")
+    return violated.is_empty()
+
+
+def _side(strict: isl.Set | None, every: isl.Set, which: str) -> int | None:
+    """The range's smallest (``which="min"``) or largest value: from the accesses that constrain without a
+    proving guard (``strict``) when they bound that side, else from every access (TC's rule); None if
+    unbounded."""
+    for s in (strict, every):
+        if s is None or s.is_empty():
+            continue
+        val = s.dim_min_val(0) if which == "min" else s.dim_max_val(0)
+        if not (val.is_neginfty() or val.is_infty()):
+            return int(val.to_python())
+    return None
+
+
+def _in_bounds_set(index: str, others: list[str], ranges: dict, sides: list[str]) -> isl.Set:
+    """``{ [index] : for all others in their ranges, every condition of sides holds }``."""
     dims = ", ".join(isl_name(n) for n in [index] + others)
-    bounds = [f"{ranges[n][0]} <= {isl_name(n)} < {ranges[n][1]}" for n in others] + [f"({c})" for c in conds]
-    bad = isl.Set(f"{{ [{dims}] : {' and '.join(bounds) or 'true'} and ({text} < 0 or {text} >= {extent}) }}")
+    bounds = [f"{ranges[n][0]} <= {isl_name(n)} < {ranges[n][1]}" for n in others]
+    bad = isl.Set(f"{{ [{dims}] : {' and '.join(bounds) or 'true'} and not ({' and '.join(sides)}) }}")
     bad = bad.project_out(isl.dim_type.set, 1, len(others))
     return isl.Set(f"{{ [{isl_name(index)}] }}").subtract(bad)
-
-
-def _bound(s: isl.Set, which) -> int:
-    """The smallest (``which=min``) or largest value of the single dimension of ``s``."""
-    point = s.lexmin() if which is min else s.lexmax()
-    val = point.sample_point().get_coordinate_val(isl.dim_type.set, 0)
-    return int(val.to_python())
 
 
 # ---- domains and access relations ------------------------------------------------------------------------

@@ -29,13 +29,17 @@ class Tensor:
     """A tensor of the kernel: ``shape`` in elements (C-contiguous), ``role`` input/output/temp (``local``:
     a buffer the kernel allocates, :mod:`polyc.poly.promote`). ``packed``: for an input the caller hands over
     already in panel-major layout (a constant packed once, :func:`~polyc.poly.promote.promote`), the panel
-    width; ``shape`` is then the packed shape. 0 for every other tensor."""
+    width; ``shape`` is then the packed shape. 0 for every other tensor. ``origin``: the logical index of the
+    first element per dimension of a tensor whose shape range inference gave from a first write starting away
+    from 0 (TC's semantics); ``()`` when it is 0 everywhere. Storage is 0-based: the Scop's statements already
+    subtract it."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     role: str
     packed: int = 0
+    origin: tuple[int, ...] = ()
 
     @property
     def size(self) -> int:
@@ -119,7 +123,8 @@ class Scop:
     def __str__(self) -> str:
         lines = [f"scop {self.name}  sizes: " + ", ".join(f"{k}={v}" for k, v in self.sizes.items())]
         for t in self.tensors:
-            lines.append(f"  {t.role:6} {t.dtype}{list(t.shape)} {t.name}")
+            first = f"  (element 0 is {t.name}({', '.join(map(str, t.origin))}))" if t.origin else ""
+            lines.append(f"  {t.role:6} {t.dtype}{list(t.shape)} {t.name}{first}")
         for s in self.statements:
             lines.append(f"  {s.name}: {s.tensor}({','.join(s.lhs)}) {s.op} ...")
             lines.append(f"    domain: {s.domain}")
@@ -127,8 +132,13 @@ class Scop:
             lines.append(f"    reads:  {s.reads}")
         if self.ranges:
             lines.append("  inferred ranges:")
+            by_name = {s.name: s for s in self.statements}
             for (stmt, index), (lo, hi) in self.ranges.items():
-                lines.append(f"    {stmt}: {index} in {lo}:{hi}")
+                s = by_name.get(stmt)
+                origin = self.tensor(s.tensor).origin if s is not None else ()
+                shift = origin[s.lhs.index(index)] if origin and index in s.lhs else 0
+                stored = f"  (stored at {index} {'-' if shift > 0 else '+'} {abs(shift)})" if shift else ""
+                lines.append(f"    {stmt}: {index} in {lo + shift}:{hi + shift}{stored}")
         for p in self.preconditions:
             lines.append(f"  unchecked precondition: {p}")
         return "\n".join(lines)
