@@ -385,6 +385,10 @@ def test_register_tile_rows_fit_the_partial_tile_in_half_the_registers():
     assert strategy.register_tile_sizes(options, 8, 16, width=7) == (2, 16)     # 4 + 2 + 1
     assert strategy.register_tile_sizes(options, 8, 16, width=55) == (4, 16)    # full tiles first
     assert strategy.register_tile_sizes(polyc.Options(register_tile_sizes=(3,)), 16, 32, width=28) == (3, 32)
+    # one reduction loop (GEMM, a 1x1 convolution): 1.5 x FMA_IN_FLIGHT accumulators where the registers allow
+    assert strategy.register_tile_sizes(options, 8, 16, reductions=1) == (6, 16)                # AVX2: 12
+    assert strategy.register_tile_sizes(options, 16, 32, reductions=1) == (8, 32)               # AVX-512: as is
+    assert strategy.register_tile_sizes(options, 8, 16, width=7, reductions=1) == (4, 16)       # 3 pieces
     # and the kernel it gives (5 rows on an AVX-512 host, a partial row tile over 64 channels) is right
     src = """def conv(float(1,C,H,W) X, float(K,C,3,3) Wt) -> (Y) {
         Y(n, k, h, w) +=! X(n, c, h + r, w + s) * Wt(k, c, r, s)

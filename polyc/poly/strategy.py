@@ -245,8 +245,13 @@ def jump_bytes(read: L.Access, indices, stmt: PolyStatement, scop: Scop) -> int:
 
 # ---- steps 2-5 ----------------------------------------------------------------------------------------
 
+#: FMAs an x86 core keeps in flight: latency x throughput, 4 cycles x 2 pipes (Haswell to Zen 5): the fewest
+#: independent accumulators that keep the FMA pipes busy.
+FMA_IN_FLIGHT = 8
+
+
 def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: int = 16,
-                        width: int | None = None) -> tuple[int, int]:
+                        width: int | None = None, reductions: int = 2) -> tuple[int, int]:
     """``(MR, NR)``: the option, else NR = two vectors (``2 * vector_lanes`` elements) and MR rows such that
     the ``MR x pieces`` accumulators take half the vector registers, the other half holding the vector
     operand's rows and the broadcasts the backend keeps in flight (LLVM unrolls a convolution's window loops
@@ -261,7 +266,13 @@ def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: i
     ``(registers - 3) // 2`` (6 and 14), spill and lose up to 2x on 3x3 convolutions on both, while GEMM is
     within a few percent either way; a 64-channel 3x3 convolution at 28x28 with 8 rows of three pieces spills
     an accumulator in its inner loop and runs at 0.62 or 1.25 ms from one process to the next (where the
-    stack falls), with 5 rows 0.61 ms in every process."""
+    stack falls), with 5 rows 0.61 ms in every process.
+
+    A statement with a single reduction loop (``reductions``: those of extent above 1; GEMM, a 1x1
+    convolution) has no window loops whose unrolled loads hold registers: it takes rows for one and a half
+    times :data:`FMA_IN_FLIGHT` accumulators where the registers allow, the accumulators plus one row of the
+    vector operand and one broadcast (``(registers - pieces - 1) // pieces``): 6 rows on AVX2 (12
+    accumulators; 4 rows are 8, no slack for a late load), unchanged on AVX-512 (8 rows are 16 already)."""
     if options.register_tile_sizes:
         sizes = tuple(options.register_tile_sizes) + (2 * vector_lanes,)
         return sizes[0], sizes[1]
@@ -269,7 +280,11 @@ def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: i
     pieces = row_registers(nr, vector_lanes)
     if width is not None and width < nr:
         pieces = max(pieces, row_registers(width, vector_lanes))
-    return max(1, vector_registers // 2 // pieces), nr
+    rows = vector_registers // 2 // pieces
+    if reductions <= 1:
+        wanted = -(-3 * FMA_IN_FLIGHT // 2 // pieces)
+        rows = max(rows, min(wanted, (vector_registers - pieces - 1) // pieces))
+    return max(1, rows), nr
 
 
 def row_registers(width: int, vector_lanes: int) -> int:
@@ -399,8 +414,9 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     stream = v is not None and u is None and bool(R) and streams_rows(node, stmt, scop, v, R)
     order = P + [k for k in (u, v) if k is not None] + R
     extents = band_extents(node)
+    loops = [scop.ranges.get((stmt.name, i), (0, 1)) for i in stmt.indices if i not in stmt.lhs]
     mr, nr = register_tile_sizes(options, lanes(scop, target), getattr(target, "vector_registers", 16),
-                                 extents[v] if v is not None else None)
+                                 extents[v] if v is not None else None, sum(hi - lo > 1 for lo, hi in loops))
     itemsize = _itemsize(scop.tensor(stmt.tensor).dtype)
     in_band = {member_index(node, k, stmt) for k in range(n)}
     depth = 1
