@@ -14,6 +14,8 @@ every divisor), so an access proven in bounds here is in bounds in the kernel.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import islpy as isl
 
 from ..lang import ast as L
@@ -238,6 +240,20 @@ def children(e: L.Expr) -> tuple:
     if isinstance(e, L.Cast):
         return (e.operand,)
     return ()
+
+
+def with_children(e: L.Expr, new: tuple) -> L.Expr:
+    """``e`` with its sub-expressions (in :func:`children`'s order) replaced by ``new``; ``e`` itself when
+    nothing changed."""
+    if all(n is c for n, c in zip(new, children(e))):
+        return e
+    if isinstance(e, (L.Unary, L.Cast)):
+        return dataclasses.replace(e, operand=new[0])
+    if isinstance(e, L.Binary):
+        return dataclasses.replace(e, lhs=new[0], rhs=new[1])
+    if isinstance(e, L.Select):
+        return dataclasses.replace(e, cond=new[0], then=new[1], other=new[2])
+    return dataclasses.replace(e, args=tuple(new))  # Access, Call
 
 
 def accesses_in(expr: L.Expr) -> list[L.Access]:

@@ -29,7 +29,7 @@ from ..errors import RangeError, SemanticError
 from ..lang import ast as L
 from ..lang.printer import format_expr
 from .affine import (affine_text, children, constant_value, element_stride, guard_text, index_names, isl_name,
-                     accesses_in)
+                     accesses_in, with_children)
 from .scop import PolyStatement, Scop, Tensor
 
 #: The identity of each reduction operator, by dtype kind (float / signed int / unsigned int / bool).
@@ -172,20 +172,9 @@ def _to_storage(e: L.Expr, shift: dict, origins: dict) -> L.Expr:
     if not kids:
         return e
     new = tuple(_to_storage(c, shift, origins) for c in kids)
-    if isinstance(e, L.Access):
-        origin = origins.get(e.tensor)
-        if origin:
-            new = tuple(_plus(a, -o) for a, o in zip(new, origin))
-        return dataclasses.replace(e, args=new)
-    if all(n is c for n, c in zip(new, kids)):
-        return e
-    if isinstance(e, (L.Unary, L.Cast)):
-        return dataclasses.replace(e, operand=new[0])
-    if isinstance(e, L.Binary):
-        return dataclasses.replace(e, lhs=new[0], rhs=new[1])
-    if isinstance(e, L.Select):
-        return dataclasses.replace(e, cond=new[0], then=new[1], other=new[2])
-    return dataclasses.replace(e, args=new)  # Call
+    if isinstance(e, L.Access) and origins.get(e.tensor):
+        new = tuple(_plus(a, -o) for a, o in zip(new, origins[e.tensor]))
+    return with_children(e, new)
 
 
 def _plus(e: L.Expr, k: int) -> L.Expr:
@@ -414,15 +403,7 @@ def mark_checked(e: L.Expr, indices: set, sizes: dict, ranges: dict) -> L.Expr:
     if isinstance(e, L.Access):
         checked = e.checked or any(affine_text(a, indices, sizes, ranges) is None for a in e.args)
         return dataclasses.replace(e, args=new, checked=checked)
-    if all(n is c for n, c in zip(new, kids)):
-        return e
-    if isinstance(e, L.Unary) or isinstance(e, L.Cast):
-        return dataclasses.replace(e, operand=new[0])
-    if isinstance(e, L.Binary):
-        return dataclasses.replace(e, lhs=new[0], rhs=new[1])
-    if isinstance(e, L.Select):
-        return dataclasses.replace(e, cond=new[0], then=new[1], other=new[2])
-    return dataclasses.replace(e, args=new)  # Call
+    return with_children(e, new)
 
 
 def checked_reads(scop: Scop) -> list[str]:
