@@ -163,13 +163,7 @@ def check_no_rewrite_after_read(statements: list) -> None:
 
 def _reads(exprs: list) -> list:
     """``(tensor, span)`` of every access in ``exprs``."""
-    found, stack = [], list(exprs)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, A.Access):
-            found.append((node.tensor, node.span))
-        stack.extend(expr_children(node))
-    return found
+    return [(node.tensor, node.span) for e in exprs for node, _ in _walk(e) if isinstance(node, A.Access)]
 
 
 # ---- parameters and outputs ----
