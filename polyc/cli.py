@@ -77,7 +77,7 @@ def _kernel(args):
 
 
 def cmd_show(args) -> None:
-    from .kernel import STAGES
+    from .pipeline import STAGES
 
     compiled = _kernel(args)
     stages = STAGES if args.stage == "all" else (args.stage,)

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import sys
 import time
+
+from . import env
 
 _LEVEL: contextvars.ContextVar[int | None] = contextvars.ContextVar("polyc_debug", default=None)
 
 #: The debug level at which each stage is printed.
-STAGE_LEVELS = {"scop": 2, "dependences": 2, "schedule": 3, "transformed": 3, "ast": 4, "llvm": 5}
+STAGE_LEVELS = {"scop": 2, "dependences": 2, "schedule": 3, "transformed": 3, "promoted": 3, "ast": 4, "llvm": 5,
+                "jit": 6, "link": 6}
 
 
 def level() -> int:
@@ -32,10 +34,7 @@ def level() -> int:
     value = _LEVEL.get()
     if value is not None:
         return value
-    try:
-        return int(os.environ.get("POLYC_DEBUG", "0") or 0)
-    except ValueError:
-        return 0
+    return env.debug_level()
 
 
 @contextlib.contextmanager
@@ -54,13 +53,37 @@ def log(message: str, at: int = 1) -> None:
         print(f"[polyc] {message}", file=sys.stderr)
 
 
-def log_stage(name: str, value, started: float | None = None) -> None:
-    """Print a stage's value (its ``str``) at the level given by :data:`STAGE_LEVELS`.
+class StageLogger:
+    """Runs the stages of one compilation, timing and printing each (Halide's ``LoweringLogger``).
 
-    ``started`` is the ``time.perf_counter()`` when the stage began; with ``POLYC_TIME_STAGES=1`` the
-    stage's milliseconds are printed.
+    ``log(stage, fn, *args, show=str)`` calls ``fn(*args)`` and returns its value, after which: with
+    ``POLYC_TIME_STAGES=1`` the stage's milliseconds are printed (``[polyc] <stage>: <ms> ms``); at the
+    stage's debug level (:data:`STAGE_LEVELS`) ``show(value)`` is printed (``show`` is called only then; it
+    may return None to print nothing); every hook is called as ``hook(stage, values)`` with ``values`` the
+    stage name → value of every stage so far (the between-stage verifier). ``log.given(stage, value)``
+    records a value computed earlier (not timed, not printed, no hook). ``seconds`` holds each stage's time.
     """
-    if started is not None and os.environ.get("POLYC_TIME_STAGES"):
-        print(f"[polyc] {name}: {(time.perf_counter() - started) * 1e3:.2f} ms", file=sys.stderr)
-    if level() >= STAGE_LEVELS.get(name, 2):
-        print(f"[polyc] ---- {name} ----\n{value}", file=sys.stderr)
+
+    def __init__(self, hooks=()):
+        self.hooks = tuple(h for h in hooks if h is not None)
+        self.values: dict = {}
+        self.seconds: dict = {}
+
+    def given(self, stage: str, value):
+        self.values[stage] = value
+        return value
+
+    def __call__(self, stage: str, fn, *args, show=str):
+        started = time.perf_counter()
+        value = fn(*args)
+        self.seconds[stage] = time.perf_counter() - started
+        self.values[stage] = value
+        if env.time_stages():
+            print(f"[polyc] {stage}: {self.seconds[stage] * 1e3:.2f} ms", file=sys.stderr)
+        if level() >= STAGE_LEVELS.get(stage, 2):
+            text = show(value)
+            if text is not None:
+                print(f"[polyc] ---- {stage} ----\n{text}", file=sys.stderr)
+        for hook in self.hooks:
+            hook(stage, self.values)
+        return value

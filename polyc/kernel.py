@@ -26,133 +26,24 @@ import ctypes
 import dataclasses
 import functools
 import os
-import sys
-import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from . import debug
-from .codegen import compile_module, emit_entry, emit_kernel, host_target, load_object, new_module
+from .codegen import load_object
 from .errors import KernelRuntimeError, PolycError, ShapeError
 from .lang import ast as L
 from .lang import check_def, parse
-from .lang.sema import itemsize, numpy_dtype
+from .lang.einsum import einsum_source
+from .lang.sema import numpy_dtype
 from .options import Options
-from .poly.astbuild import ast_to_c, build_ast
-from .poly.build import build_scop, checked_reads, input_shapes
-from .poly.deps import compute_dependences
+from .pipeline import COMPILE_LOCK, Stages, compile_kernel, resolve_options, symbol
 from .poly import schedule as schedule_module
-from .poly.schedule import compute_schedule
-from .poly.promote import packed_array, promote
-from .poly.strategy import optimize
-from .poly.verify import check_schedule
+from .poly.build import build_scop, checked_reads, input_shapes
+from .poly.promote import packed_array
 from .runtime import cache
-
-__version__ = "0.1.0"
-
-#: Serializes compiling (isl's context and LLVM are shared by the whole process); reentrant.
-_COMPILE_LOCK = threading.RLock()
-
-#: The stages a compiled kernel can print, in pipeline order.
-STAGES = ("domain", "deps", "schedule", "transformed", "ast", "llvm", "asm")
-
-
-def verifying() -> bool:
-    """Whether the between-stage verifier runs (``POLYC_VERIFY=1``, or under pytest)."""
-    flag = os.environ.get("POLYC_VERIFY")
-    if flag is not None:
-        return flag not in ("0", "")
-    return "pytest" in sys.modules
-
-
-@dataclass(frozen=True, eq=False)
-class Stages:
-    """Every stage of one compilation, as built: Scop, dependences, schedule trees, isl AST, LLVM IR."""
-
-    scop: object
-    dependences: object
-    schedule: object
-    transformed: object
-    ast: object
-    llvm: str
-    jit: object
-
-    def text(self, stage: str) -> str:
-        """The stage in the field's notation (one of :data:`STAGES`)."""
-        if stage == "domain":
-            return str(self.scop)
-        if stage == "deps":
-            return str(self.dependences)
-        if stage == "schedule":
-            return str(self.schedule)
-        if stage == "transformed":
-            return str(self.transformed)
-        if stage == "ast":
-            return ast_to_c(self.ast)
-        if stage == "llvm":
-            return self.llvm
-        if stage == "asm":
-            return self.jit.asm
-        raise PolycError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
-
-
-def lower_stages(checked: L.CheckedDef, sizes: dict, options: Options, target,
-                 constants: frozenset = frozenset()) -> tuple:
-    """The polyhedral half of the pipeline: CheckedDef + sizes → Scop → dependences → schedule → CPU
-    transforms → promotion → isl AST. Returns ``(scop, deps, schedule, transformed, ast)``; ``scop`` is the
-    promoted Scop codegen needs (its ``local`` tensors are not kernel arguments; an input named in
-    ``constants`` may arrive packed, see :func:`~polyc.poly.promote.promote`), ``deps`` those of the
-    original. Each stage is logged (``POLYC_DEBUG``) and the verifier runs between stages when on."""
-    t = time.perf_counter()
-    scop = build_scop(checked, sizes)
-    debug.log_stage("scop", scop, t)
-    t = time.perf_counter()
-    deps = compute_dependences(scop)
-    debug.log_stage("dependences", deps, t)
-    t = time.perf_counter()
-    schedule = compute_schedule(scop, deps, options)
-    debug.log_stage("schedule", schedule, t)
-    t = time.perf_counter()
-    transformed, packings = optimize(schedule, scop, deps, target, options, constants)
-    if verifying():
-        check_schedule(schedule, scop, deps, "schedule")
-        check_schedule(transformed, scop, deps, "transformed")
-    if packings:
-        scop, transformed = promote(scop, transformed, packings, target, options, constants)
-        if verifying():
-            check_schedule(transformed, scop, compute_dependences(scop), "promoted")
-    debug.log_stage("transformed", transformed, t)
-    t = time.perf_counter()
-    ast = build_ast(transformed)
-    debug.log_stage("ast", ast_to_c(ast), t)
-    return scop, deps, schedule, transformed, ast
-
-
-def compile_stages(checked: L.CheckedDef, sizes: dict, options: Options, target,
-                   constants: frozenset = frozenset()) -> Stages:
-    """The whole pipeline: :func:`lower_stages` (``constants``: inputs that may arrive packed), then LLVM IR
-    (one kernel in its own module) and native code."""
-    scop, deps, schedule, transformed, ast = lower_stages(checked, sizes, options, target, constants)
-    t = time.perf_counter()
-    module = new_module(target)
-    emit_kernel(module, dataclasses.replace(scop, name=symbol(scop.name)), ast, target, options)
-    llvm = str(module)
-    debug.log_stage("llvm", llvm, t)
-    t = time.perf_counter()
-    jit = compile_module(llvm, target, options.opt_level)
-    debug.log_stage("jit", "", t)
-    return Stages(scop, deps, schedule, transformed, ast, llvm, jit)
-
-
-def with_env_threads(options: Options) -> Options:
-    """``options`` with ``threads`` from ``POLYC_NUM_THREADS`` when the options leave it open (None); the
-    thread count is baked into the code, so it is resolved before compiling and is part of the cache key."""
-    value = os.environ.get("POLYC_NUM_THREADS", "")
-    if options.threads is None and value.isdigit() and int(value) > 0:
-        return options.replace(threads=int(value))
-    return options
+from .target import host_target
 
 
 def status_error(where: str, status: int, reads=()):
@@ -168,13 +59,7 @@ def status_error(where: str, status: int, reads=()):
                                    "the tensors' shapes")
 
 
-def symbol(def_name: str) -> str:
-    """The native symbol of a def: prefixed, so a def named like a libm function (``pow``, ``exp``) cannot
-    shadow the function its own code calls."""
-    return f"polyc.{def_name}"
-
-
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class TensorSpec:
     """A kernel argument: name, numpy dtype name, shape (elements), role (input/output/temp); ``packed``:
     the panel width when the kernel reads this input packed (:func:`polyc.poly.promote.packed_array` of an
@@ -213,15 +98,19 @@ class Compiled:
 
     @property
     def stages(self) -> Stages:
-        """Every stage of the compilation (rebuilt on first use for an entry loaded from the disk cache)."""
-        with _COMPILE_LOCK:
+        """Every stage of the compilation. A kernel loaded from the disk cache holds only its machine code:
+        on the first request its stages are built again through the pipeline, once (said at
+        ``POLYC_DEBUG=1``); the code it runs stays the cached one."""
+        with COMPILE_LOCK:
             if self._stages is None:
-                self._stages = compile_stages(self.kernel.checked, self.sizes, self.options, self.kernel.target,
+                debug.log(f"{self.name} {self.sizes}: loaded from the disk cache; compiling again to show its "
+                          "stages")
+                self._stages = compile_kernel(self.kernel.checked, self.sizes, self.options, self.kernel.target,
                                               self.constants)
         return self._stages
 
     def stage(self, name: str) -> str:
-        """The text of one stage (see :data:`STAGES`)."""
+        """The text of one stage (see :data:`polyc.pipeline.STAGES`)."""
         return self.stages.text(name)
 
     @property
@@ -334,7 +223,7 @@ class Kernel:
     def __init__(self, source: str, name: str | None = None, options: Options | None = None,
                  filename: str = "<source>"):
         self.source = source
-        self.options = with_env_threads(options or Options())
+        self.options = resolve_options(options or Options())  # POLYC_NUM_THREADS; the cores at compile time
         self.target = host_target()
         try:
             program = parse(source, filename)
@@ -358,6 +247,7 @@ class Kernel:
         self.name = name
         self._compiled: dict = {}
         self._signatures: dict = {}
+        self._scops: dict = {}  # sizes → the Scop signature() built, until the pipeline takes it
 
     def __repr__(self) -> str:
         return f"<polyc.Kernel {self.name}>"
@@ -440,7 +330,7 @@ class Kernel:
         compiled = self._compiled.get(key)
         if compiled is not None:
             return compiled
-        with _COMPILE_LOCK:
+        with COMPILE_LOCK:
             compiled = self._compiled.get(key)  # another thread may have compiled it while this one waited
             if compiled is None:
                 compiled = self._compiled[key] = self._compile(sizes, options, constants)
@@ -448,24 +338,21 @@ class Kernel:
 
     def _compile(self, sizes: dict, options: Options, constants: frozenset) -> Compiled:
         """:meth:`specialize_sizes` after a miss in memory: the disk cache or the pipeline."""
-        disk_key = cache.make_key(__version__, self.source, self.name, sorted(sizes.items()), options.to_spec(),
-                                  sorted(constants), self.target.key(), _versions())
+        options = resolve_options(options, self.target)
+        disk_key = cache.make_key(self.source, self.name, sorted(sizes.items()), options.to_spec(),
+                                  sorted(constants), self.target.key())
         t = time.perf_counter()
-        entry = cache.load(disk_key)
-        compiled = None
-        if entry is not None:
-            try:
-                jit = load_object(entry["object"], self.target, (symbol(self.name),))
-                tensors = [TensorSpec(name, dtype, tuple(shape), role, packed)
-                           for name, dtype, shape, role, packed in entry["tensors"]]
-                compiled = Compiled(self, sizes, options, tensors, jit, constants=constants)
-            except Exception as exc:  # a stale or foreign entry: rebuild it
-                debug.log(f"cache: entry for {self.name} unusable ({exc}); rebuilding")
-                cache.remove(disk_key)
-                compiled = None
+
+        def decode(entry) -> Compiled:
+            jit = load_object(entry["object"], self.target, (symbol(self.name),))
+            tensors = [TensorSpec(name, dtype, tuple(shape), role, packed)
+                       for name, dtype, shape, role, packed in entry["tensors"]]
+            return Compiled(self, sizes, options, tensors, jit, constants=constants)
+
+        compiled = cache.fetch(disk_key, decode, f"entry for {self.name}")
         if compiled is None:
             cut_before = schedule_module.cut_off
-            stages = compile_stages(self.checked, sizes, options, self.target, constants)
+            stages = compile_kernel(self.checked, sizes, options, self.target, constants, self.take_scop(sizes))
             shapes = input_shapes(self.checked, sizes)  # a packed input's Scop shape is its packed one
             tensors = [TensorSpec(t.name, t.dtype, shapes[t.name] if t.packed else tuple(t.shape), t.role, t.packed)
                        for t in stages.scop.tensors if t.role != "local"]
@@ -474,8 +361,13 @@ class Kernel:
                 cache.store(disk_key, {"object": stages.jit.object_code,
                                        "tensors": [(t.name, t.dtype, t.shape, t.role, t.packed) for t in tensors]})
         debug.log(f"{self.name} {sizes}: ready in {(time.perf_counter() - t) * 1e3:.1f} ms "
-                  f"({'disk cache' if entry is not None and compiled._stages is None else 'compiled'})")
+                  f"({'disk cache' if compiled._stages is None else 'compiled'})")
         return compiled
+
+    def take_scop(self, sizes: dict):
+        """The Scop :meth:`signature` built for ``sizes``, handed over once (the pipeline starts from it, so
+        a kernel whose signature was asked for first builds its Scop once), else None."""
+        return self._scops.pop(tuple(sorted(sizes.items())), None)
 
     def _every_size(self, sizes: dict) -> dict:
         """``sizes`` as ints, one per size of the def in declaration order; ShapeError naming the missing."""
@@ -494,25 +386,20 @@ class Kernel:
         found = self._signatures.get(key)
         if found is not None:
             return found
-        with _COMPILE_LOCK:
+        with COMPILE_LOCK:
             found = self._signatures.get(key) or self._signature(sizes, key)
             self._signatures[key] = found
         return found
 
     def _signature(self, sizes: dict, key: tuple) -> tuple[TensorSpec, ...]:
-        """:meth:`signature` after a miss in memory: the disk cache or the Scop."""
-        found = None
-        disk_key = cache.make_key(__version__, "signature", self.source, self.name, key, _versions())
-        entry = cache.load(disk_key)
-        if entry is not None:
-            try:
-                found = tuple(TensorSpec(name, dtype, tuple(shape), role)
-                              for name, dtype, shape, role in entry["tensors"])
-            except Exception as exc:  # a stale or foreign entry: rebuild it
-                debug.log(f"cache: signature of {self.name} unusable ({exc}); rebuilding")
-                cache.remove(disk_key)
+        """:meth:`signature` after a miss in memory: the disk cache or the Scop (kept for the pipeline,
+        :meth:`take_scop`)."""
+        disk_key = cache.make_key("signature", self.source, self.name, key)
+        found = cache.fetch(disk_key, lambda entry: tuple(TensorSpec(name, dtype, tuple(shape), role)
+                                                          for name, dtype, shape, role in entry["tensors"]),
+                            f"signature of {self.name}")
         if found is None:
-            scop = build_scop(self.checked, sizes)
+            scop = self._scops[key] = build_scop(self.checked, sizes)
             found = tuple(TensorSpec(t.name, t.dtype, tuple(t.shape), t.role) for t in scop.tensors
                           if t.role != "local")
             cache.store(disk_key, {"tensors": [(t.name, t.dtype, t.shape, t.role) for t in found]})
@@ -564,28 +451,6 @@ def _range_of(dtype: str) -> str:
     return "a real number"
 
 
-@functools.cache
-def _versions():
-    """Versions of the libraries whose output the disk cache holds (package metadata, no imports; read once
-    per process: a lookup costs milliseconds, and every kernel's cache key needs it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = []
-    for package in ("islpy", "llvmlite"):
-        try:
-            found.append(version(package))
-        except PackageNotFoundError:
-            found.append("")
-    return tuple(found)
-
-
-def compile_target():
-    """The :class:`~polyc.codegen.target.Target` kernels are compiled for: the host, or the instruction-set
-    level ``POLYC_CPU`` names (:func:`polyc.codegen.target.host_target`). For layers above the kernel API
-    whose choices depend on the target (the ONNX lowering's layouts)."""
-    return host_target()
-
-
 def define(source: str, name: str | None = None, options: Options | None = None,
            filename: str = "<source>") -> Kernel:
     """Define a kernel from source text of the language; ``name`` picks one ``def`` when there are several.
@@ -596,164 +461,24 @@ def define(source: str, name: str | None = None, options: Options | None = None,
     return Kernel(source, name, options, filename)
 
 
-_EINSUM_KERNELS: dict = {}
+#: How many einsum kernels (one per subscripts, shapes, dtypes, options) are kept, least recently used out.
+EINSUM_KERNELS_KEPT = 128
+
+
+@functools.lru_cache(maxsize=EINSUM_KERNELS_KEPT)
+def _einsum_kernel(subscripts: str, shapes: tuple, dtypes: tuple, options: Options | None) -> Kernel:
+    source, name = einsum_source(subscripts, list(shapes), list(dtypes))
+    return define(source, name, options)
 
 
 def einsum(subscripts: str, *operands, options: Options | None = None):
     """numpy-compatible ``einsum`` (explicit or implicit output, no ellipsis) compiled through the pipeline.
 
-    Operands are numpy arrays; the result dtype is numpy's result type of the operands.
+    Operands are numpy arrays; the result dtype is numpy's result type of the operands. The kernels of the
+    last :data:`EINSUM_KERNELS_KEPT` distinct calls are kept (with their compiled code). Raises PolycError
+    for bad subscripts, ShapeError for operands that do not fit them.
     """
-    from .lang.einsum import einsum_source
-
     arrays = [np.asarray(op) for op in operands]
-    shapes = [a.shape for a in arrays]
-    dtypes = [a.dtype.name for a in arrays]
-    key = (subscripts, tuple(shapes), tuple(dtypes), options)
-    kernel = _EINSUM_KERNELS.get(key)
-    if kernel is None:
-        source, name = einsum_source(subscripts, shapes, dtypes)
-        kernel = define(source, name, options)
-        _EINSUM_KERNELS[key] = kernel
+    kernel = _einsum_kernel(subscripts, tuple(a.shape for a in arrays), tuple(a.dtype.name for a in arrays),
+                            options)
     return kernel(*arrays)
-
-
-# ---- many kernels, one native entry point ----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class KernelCall:
-    """One call of a linked program: kernel ``kernel`` (an index into the program's kernels) with, per tensor
-    of its signature, ``(slot, byte offset)``: the base pointer ``buffers[slot]`` plus the offset."""
-
-    kernel: int
-    args: tuple[tuple[int, int], ...]
-
-
-@dataclass(frozen=True)
-class PackedSlot:
-    """A buffer slot a linked program adds for a constant some kernel reads packed: the values of slot
-    ``source`` (elements of ``itemsize`` bytes, read as ``shape``) in panels of ``block``
-    (:func:`~polyc.poly.promote.packed_array`)."""
-
-    source: int
-    shape: tuple
-    itemsize: int
-    block: int
-
-    def pack(self, constant: np.ndarray) -> np.ndarray:
-        """The packed copy of ``constant`` (the array at slot ``source``: its bytes, in any shape; packing
-        moves whole elements, so they are handled as unsigned integers of the same size)."""
-        values = np.ascontiguousarray(constant).reshape(-1).view(np.uint8)
-        return packed_array(values.view(np.dtype(f"u{self.itemsize}")).reshape(self.shape), self.block)
-
-
-class NativeProgram:
-    """Kernels linked into one LLVM module with a generated entry point that calls them in order.
-
-    ``run(buffers)`` takes one base pointer (int) per slot; a kernel fault raises KernelRuntimeError naming
-    the kernel. ``from_cache`` says whether the object code came from the disk cache. ``packed`` lists the
-    slots the program added after the caller's (:class:`PackedSlot`: slot ``n_slots - len(packed) + i``),
-    which the caller fills once with ``packed[i].pack(constant)``.
-    """
-
-    def __init__(self, name: str, jit, kernel_names: tuple[str, ...], n_slots: int, from_cache: bool,
-                 packed: tuple = ()):
-        self.name = name
-        self._jit = jit
-        self.kernel_names = kernel_names
-        self.n_slots = n_slots + len(packed)
-        self.packed = packed
-        self.from_cache = from_cache
-        self._fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(jit.address(name))
-        self._table = ctypes.c_void_p * max(1, self.n_slots)
-
-    def run(self, buffers) -> None:
-        """Run every call; ``buffers`` are the slots' base addresses (ints). Thread-safe when concurrent
-        calls pass disjoint writable buffers (the slot table is built per call)."""
-        if len(buffers) != self.n_slots:
-            raise ShapeError(f"program '{self.name}' takes {self.n_slots} buffers, got {len(buffers)}")
-        table = self._table(*buffers)
-        status = self._fn(ctypes.addressof(table))
-        if status != 0:
-            raise status_error(f"program '{self.name}'", status)
-
-
-def link_program(name: str, kernels, calls, n_slots: int, options: Options | None = None,
-                 on_kernel=None, constant_slots: frozenset = frozenset()) -> NativeProgram:
-    """Compile ``kernels`` (``[(Kernel, sizes), ...]``) into one module whose entry ``@name(ptr buffers)``
-    makes ``calls`` (:class:`KernelCall`) in order — a whole model as one native call.
-
-    Each kernel is lowered once, straight into the shared module (no kernel is JIT-compiled on its own), in
-    the order given; ``on_kernel(index, seconds)``, when given, is called after kernel ``index`` is lowered
-    and emitted (so on an error, the kernels reported so far are the ones that succeeded). The object code
-    is cached on disk under a key over every kernel's source, def, sizes, the options, the calls, the
-    constant slots and the target; a hit skips the compiler entirely and reports no kernel. Raises what the
-    pipeline raises.
-
-    ``constant_slots``: slots whose contents never change (a model's weights). A kernel input that is at
-    offset 0 of a constant slot in every call of that kernel is packed once instead of per call where the
-    strategy packs it: the program reads it from a slot of its own (:attr:`NativeProgram.packed`).
-    """
-    with _COMPILE_LOCK:
-        return _link_program(name, kernels, calls, n_slots, options or Options(), on_kernel,
-                             frozenset(constant_slots))
-
-
-def _constant_inputs(kernel: "Kernel", index: int, calls, constant_slots: frozenset) -> frozenset:
-    """Names of the inputs of kernel ``index`` at offset 0 of a constant slot in every call of it."""
-    mine = [c for c in calls if c.kernel == index]
-    return frozenset(t.name for j, t in enumerate(kernel.checked.tensors) if t.role == "input" and mine and all(
-        c.args[j][0] in constant_slots and c.args[j][1] == 0 for c in mine))
-
-
-def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_kernel,
-                  constant_slots: frozenset) -> NativeProgram:
-    """:func:`link_program` under the compile lock."""
-    target = host_target()
-    described = [(k.source, k.name, sorted(sizes.items())) for k, sizes in kernels]
-    layout = [(c.kernel, c.args) for c in calls]
-    key = cache.make_key(__version__, "program", name, described, layout, n_slots, sorted(constant_slots),
-                         options.to_spec(), target.key(), _versions())
-    symbols = tuple(f"{name}.k{i}.{k.name}" for i, (k, _) in enumerate(kernels))
-    entry = cache.load(key)
-    if entry is not None:
-        try:
-            jit = load_object(entry["object"], target, (name,))
-            packed = tuple(PackedSlot(s, tuple(shape), size, block) for s, shape, size, block in entry["packed"])
-            return NativeProgram(name, jit, symbols, n_slots, True, packed)
-        except Exception as exc:  # a stale or foreign entry: rebuild it
-            debug.log(f"cache: program {name} unusable ({exc}); rebuilding")
-            cache.remove(key)
-    started = time.perf_counter()
-    cut_before = schedule_module.cut_off
-    module = new_module(target)
-    packed_slots: dict = {}  # PackedSlot -> its slot
-    blocks = []  # per kernel: {argument index: (shape, dtype, block)} of the inputs it reads packed
-    for index, (symbol, (k, sizes)) in enumerate(zip(symbols, kernels)):
-        t = time.perf_counter()
-        constants = _constant_inputs(k, index, calls, constant_slots)
-        scop, _deps, _schedule, _transformed, ast = lower_stages(k.checked, sizes, options, target, constants)
-        emit_kernel(module, dataclasses.replace(scop, name=symbol), ast, target, options)
-        shapes = input_shapes(k.checked, sizes)  # a packed input's Scop shape is its packed one
-        blocks.append({j: (shapes[t.name], itemsize(t.dtype), t.packed) for j, t in enumerate(scop.tensors)
-                       if t.packed})
-        if on_kernel is not None:
-            on_kernel(index, time.perf_counter() - t)
-    entry_calls = []
-    for c in calls:
-        args = list(c.args)
-        for j, (shape, size, block) in blocks[c.kernel].items():
-            slot = PackedSlot(args[j][0], shape, size, block)
-            args[j] = (packed_slots.setdefault(slot, n_slots + len(packed_slots)), 0)
-        entry_calls.append((symbols[c.kernel], args))
-    emit_entry(module, name, entry_calls)
-    t = time.perf_counter()
-    jit = compile_module(str(module), target, options.opt_level)
-    debug.log_stage("link", "", t)
-    packed = tuple(packed_slots)
-    if schedule_module.cut_off == cut_before:  # see polyc.poly.schedule.cut_off
-        cache.store(key, {"object": jit.object_code,
-                          "packed": [(p.source, list(p.shape), p.itemsize, p.block) for p in packed]})
-    debug.log(f"program {name}: {len(kernels)} kernels linked in {(time.perf_counter() - started):.2f} s"
-              + (f", {len(packed)} constants packed once" if packed else ""))
-    return NativeProgram(name, jit, symbols, n_slots, False, packed)

@@ -34,7 +34,10 @@ class Options:
     - ``vectorize``: emit the innermost stride-1 loop as LLVM vector code of the target's width.
     - ``parallel``: run the outermost coincident loop on ``threads`` threads (``None``: ``POLYC_NUM_THREADS`` or
       all cores).
-    - ``unroll``: unroll innermost point loops of at most this many iterations (0: never).
+    - ``unroll``: the longest loop that is unrolled: a loop the strategy marks ``unroll`` (the register tile's
+      rows) becomes straight-line copies when it has at most this many iterations (``None``: up to
+      :data:`polyc.codegen.llvm.MAX_FULL_UNROLL`); ``0`` unrolls nothing — marked loops stay loops and
+      LLVM's own loop unroller is off.
     - ``promote``: pack the register tile's vector operand (GEMM's ``B``) into a panel-major local buffer before
       the kernel (:mod:`polyc.poly.promote`): ``None`` where the strategy finds it pays (long rows, reuse),
       ``True`` wherever the access allows it (for research and tests), ``False`` never.
@@ -51,7 +54,7 @@ class Options:
     vectorize: bool = True
     parallel: bool = True
     threads: int | None = None
-    unroll: int = 0
+    unroll: int | None = None
     promote: bool | None = None
     opt_level: int = 3
 
@@ -67,6 +70,8 @@ class Options:
                 raise PolycError(f"{name} must be positive integers, got {sizes!r}")
         if self.threads is not None and self.threads < 1:
             raise PolycError(f"threads must be at least 1, got {self.threads}")
+        if self.unroll is not None and self.unroll < 0:
+            raise PolycError(f"unroll must be 0 or more (or None), got {self.unroll}")
         if not 0 <= self.opt_level <= 3:
             raise PolycError(f"opt_level must be 0..3, got {self.opt_level}")
 

@@ -19,6 +19,11 @@ What it measures, each polyc kernel and its peer side by side in one run, on the
 Columns: kernel, size, threads, peer, polyc ms, peer ms, ratio (= peer time / polyc time: above 1 polyc is
 faster), polyc GFLOP/s, % of peak, compile ms, check (polyc's outputs against the peer's).
 
+GFLOP/s divides the FLOPs of one call by polyc's time. The FLOPs are counted on the compiled kernel's Scop
+(``polyc.poly.analysis.flops``: per statement, its instances counted by isl times the floating-point
+operations of its right-hand side, plus one per reduction update), except for ``mlp`` (the GEMM's
+``2*M*K*N`` only) and ``resnet50`` (compiled through ``polyc.onnx``: ``2*M*C*KH*KW*OH*OW`` per Conv).
+
 The *peak* is the machine's FMA throughput, measured at the start of the run (``scripts/fma_peak.py``, which
 also runs on its own): a loop of independent vector FMA chains (16 accumulators of ``<16 x float>`` with
 AVX-512, 12 of ``<8 x float>`` with AVX2; ``llvm.fma.*``), built with llvmlite for the host CPU and its
@@ -67,6 +72,7 @@ import numpy as np  # noqa: E402
 import polyc  # noqa: E402
 import polyc.kernels  # noqa: E402
 from polyc import Options  # noqa: E402
+from polyc.poly import analysis  # noqa: E402
 from fma_peak import FmaPeak  # noqa: E402  (scripts/fma_peak.py, beside this script)
 
 SECTIONS = ("gemm", "bmm", "mlp", "conv", "resnet50", "polybench", "overhead")
@@ -248,6 +254,16 @@ def close(got, want, dtype) -> tuple[bool, str]:
 _COMPILE_SECONDS: dict = {}
 
 
+def scop_of(compiled):
+    """The Scop of a compiled kernel (the one place this script reaches into the compiled stages)."""
+    return compiled.stages.scop
+
+
+def kernel_flops(compiled) -> int:
+    """The FLOPs of one call of ``compiled``, counted on its Scop (:func:`polyc.poly.analysis.flops`)."""
+    return analysis.flops(scop_of(compiled))
+
+
 def polyc_callable(kernel: polyc.Kernel, inputs, options: Options):
     """Compile (timed) and return (compiled, compile seconds, call, outputs of one call). A specialization
     the kernel already holds reports the time of its first compilation."""
@@ -299,9 +315,12 @@ class Bench:
 
     def compare(self, name, size, threads, peer_name, kernel, inputs, peer_fn, flops, dtype, options=None,
                 note=""):
-        """One row: polyc (``options`` with ``threads``) and a peer callable (returning the outputs)."""
+        """One row: polyc (``options`` with ``threads``) and a peer callable (returning the outputs).
+        ``flops`` None: those of the compiled kernel (:func:`kernel_flops`)."""
         options = (options or Options()).replace(threads=threads)
-        _, compile_s, call, got = polyc_callable(kernel, inputs, options)
+        compiled, compile_s, call, got = polyc_callable(kernel, inputs, options)
+        if flops is None:
+            flops = kernel_flops(compiled)
         polyc_s, _ = median_time(call, self.args.runs)
         peer_s, want = peer_fn()
         ok, check = close(got, want, dtype)
@@ -370,7 +389,7 @@ class Bench:
             a, b = self.normal(n, n), self.normal(n, n)
             c = np.empty((n, n), np.float32)
             rows = [self.compare("gemm fp32", f"{n}x{n}x{n}", t, "numpy (OpenBLAS)", kernel, (a, b),
-                                 lambda: self.numpy_time(lambda: np.matmul(a, b, out=c), t), 2 * n ** 3, "float32")
+                                 lambda: self.numpy_time(lambda: np.matmul(a, b, out=c), t), None, "float32")
                     for t in sorted({1, self.args.threads})]
             if len(rows) == 2 and rows[1].peer_s > rows[0].peer_s:
                 rows[1].note = f"numpy is slower at {rows[1].threads} threads than at 1"
@@ -381,8 +400,7 @@ class Bench:
         c = np.empty((nb, m, n), np.float32)
         t = self.args.threads
         self.compare("batch matmul", f"{nb}x{m}x{k}x{n}", t, "numpy.matmul", self.kernel("matmul", "batch_matmul"),
-                     (a, b), lambda: self.numpy_time(lambda: np.matmul(a, b, out=c), t), 2 * nb * m * n * k,
-                     "float32")
+                     (a, b), lambda: self.numpy_time(lambda: np.matmul(a, b, out=c), t), None, "float32")
 
     def mlp(self):
         m, k, n = (16, 128, 256) if self.args.quick else (64, 768, 3072)
@@ -423,8 +441,6 @@ class Bench:
         for label, c, h, w, m, k, stride, pad, group, (family, name) in shapes:
             x = self.normal(1, c, h, w)
             f = self.normal(m, c // group, k, k) * np.float32(1 / math.sqrt(c // group * k * k))
-            oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
-            flops = 2 * m * oh * ow * (c // group) * k * k
             session = ort_conv_session(x.shape, f, stride, pad, group, t)
             polyc_f = f.reshape(m, k, k) if group > 1 else f
 
@@ -434,7 +450,7 @@ class Bench:
                 return seconds, run()
 
             self.compare(f"conv2d {label}", f"1x{c}x{h}x{w}", t, "onnxruntime Conv", self.kernel(family, name),
-                         (x, polyc_f), peer, flops, "float32")
+                         (x, polyc_f), peer, None, "float32")
 
     def resnet50(self):
         """Every ResNet-50 convolution as one ONNX Conv node, compiled by ``polyc.onnx`` (what a model gets:
@@ -473,27 +489,25 @@ class Bench:
             kernel = self.kernel("polybench", name)
             sizes = POLYBENCH_SIZES[name][dataset]
             inputs = polybench_inputs(name, sizes, self.rng)
-            flops = polybench_flops(name, sizes)
             size_text = f"{dataset} " + "x".join(str(v) for v in sizes.values())
-            self.compare(label, size_text, t, "numpy", kernel, inputs,
-                         lambda: self.numpy_time(lambda: polybench_numpy(name, inputs), t), flops, "float64")
+            row = self.compare(label, size_text, t, "numpy", kernel, inputs,
+                               lambda: self.numpy_time(lambda: polybench_numpy(name, inputs), t), None, "float64")
             # the source-order version: at LARGE unless a MEDIUM run says it would take over the limit
             identity = Options.naive().replace(scheduler="identity")
             use, note = dataset, ""
             if dataset == "LARGE":
                 medium = POLYBENCH_SIZES[name]["MEDIUM"]
                 m_inputs = polybench_inputs(name, medium, self.rng)
-                _, _, call, _ = polyc_callable(kernel, m_inputs, identity)
+                m_compiled, _, call, _ = polyc_callable(kernel, m_inputs, identity)
                 t0 = time.perf_counter()
                 call()
-                guess = (time.perf_counter() - t0) * flops / polybench_flops(name, medium) * 1.5
+                guess = (time.perf_counter() - t0) * row.flops / kernel_flops(m_compiled) * 1.5
                 if guess > IDENTITY_LIMIT_S:
                     use = "MEDIUM"
                     note = f"MEDIUM: source order at LARGE would take ~{guess:.0f} s a run"
             if use != dataset:
                 sizes = POLYBENCH_SIZES[name][use]
                 inputs = polybench_inputs(name, sizes, self.rng)
-                flops = polybench_flops(name, sizes)
                 size_text = f"{use} " + "x".join(str(v) for v in sizes.values())
 
             def peer(inputs=inputs):
@@ -501,7 +515,7 @@ class Bench:
                 seconds, _ = median_time(call, self.args.runs, budget_s=IDENTITY_LIMIT_S)
                 return seconds, result
 
-            self.compare(label, size_text, t, "polyc source order, no transforms", kernel, inputs, peer, flops,
+            self.compare(label, size_text, t, "polyc source order, no transforms", kernel, inputs, peer, None,
                          "float64", note=note)
 
     def overhead(self):
@@ -684,23 +698,6 @@ def polybench_numpy(name: str, args: tuple):
     if name == "doitgen":
         a, c4 = args
         return (a.reshape(-1, a.shape[2]) @ c4).reshape(a.shape)
-    raise KeyError(name)
-
-
-def polybench_flops(name: str, s: dict) -> float:
-    """Floating-point operations, as PolyBench's kernels count them (multiply and add each 1)."""
-    if name == "two_mm":
-        return 2 * s["NI"] * s["NJ"] * s["NK"] + 2 * s["NI"] * s["NL"] * s["NJ"] + s["NI"] * s["NL"]
-    if name == "three_mm":
-        return 2 * (s["NI"] * s["NJ"] * s["NK"] + s["NJ"] * s["NL"] * s["NM"] + s["NI"] * s["NL"] * s["NJ"])
-    if name in ("atax", "bicg"):
-        return 4 * s["M"] * s["N"]
-    if name == "mvt":
-        return 4 * s["N"] ** 2
-    if name == "gemver":
-        return 10 * s["N"] ** 2
-    if name == "doitgen":
-        return 2 * s["NR"] * s["NQ"] * s["NP"] ** 2
     raise KeyError(name)
 
 

@@ -13,7 +13,7 @@ its compulsory bytes over the measured memory bandwidth, whichever bound is larg
     python scripts/bench_models.py --cpu znver3 --models resnet50    # polyc generates AVX2 code
     python scripts/bench_models.py --threads 1 --runs 5 --models vit,bert_encoder --json out.json
 
-``--cpu`` sets ``POLYC_CPU`` (polyc's target; see ``polyc.codegen.target``). The peers pick their own
+``--cpu`` sets ``POLYC_CPU`` (polyc's target; see ``polyc.target``). The peers pick their own
 kernels from the CPU: onnxruntime has no switch, so on an AVX-512 machine an AVX2 row compares polyc's AVX2
 code with onnxruntime's AVX-512 code (a harder bar than on an AVX2 machine; the report says so). OpenVINO's
 CPU plugin honours ``ONEDNN_MAX_CPU_ISA``, which this script sets to ``AVX2`` for an AVX2 ``--cpu``.
@@ -42,7 +42,7 @@ def _set_target(cpu: str | None) -> None:
     """Point polyc (and OpenVINO's oneDNN) at ``cpu`` before anything reads the target."""
     if cpu:
         os.environ["POLYC_CPU"] = cpu
-        from polyc.codegen.target import AVX2_CPUS
+        from polyc.target import AVX2_CPUS
         if cpu in AVX2_CPUS:
             os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
 

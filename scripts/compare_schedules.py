@@ -11,7 +11,7 @@ The variants (``--variants`` picks a subset by name, ``--variant NAME=SPEC`` add
 
 - ``source order``: the identity scheduler (the loops as written) with every transform off;
 - ``isl``: isl's schedule, transforms off (``Options.naive()``);
-- ``+ tile``, ``+ register tile``, ``+ vectorize``, ``+ promote``, ``+ parallel``: each adds one transform
+- ``+ tile``, ``+ register tile`` (with its rows unrolled), ``+ vectorize``, ``+ promote``, ``+ parallel``: each adds one transform
   to the previous (``+ promote`` packs where the strategy finds it pays, so it changes nothing on small
   sizes: add ``--variant packed=promote=1`` to force it; ``+ parallel`` is the full default strategy on
   ``--threads`` threads);
@@ -20,9 +20,11 @@ The variants (``--variants`` picks a subset by name, ``--variant NAME=SPEC`` add
 
 ``ms`` is the median of ``--runs`` calls after one warm-up call (compile time is separate: the disk cache is
 off, ``POLYC_CACHE_DIR=off``, unless you set it). GFLOP/s uses ``--flops EXPR`` (an expression in the sizes,
-e.g. ``2*M*N*K``) or, without it, a count derived from the def: per statement, its instances (when its
-domain is a box) times the ``+ - * /`` operators and calls of its right-hand side, plus one for a
-reduction update. ``--png FILE`` writes a bar chart (needs matplotlib).
+e.g. ``2*M*N*K``) or, without it, a count derived from the def: ``polyc.poly.analysis.flops`` of the
+compiled kernel's Scop (per statement, the points of its iteration domain counted by isl times the
+floating-point operations of its right-hand side, plus one for a reduction's update; that function's
+docstring gives the rules for builtins, selects and comparisons). ``--png FILE`` writes a bar chart (needs
+matplotlib).
 
 Run it as::
 
@@ -33,14 +35,12 @@ Run it as::
 
 (a family name of the library, like ``conv2d``, stands for ``kernels/conv2d.tc``). Exit status: 0 when every
 variant matched, 1 when one did not, 2 for a usage error or a missing matplotlib with ``--png``.
-Uses polyc's public API only.
+Uses polyc's public API, and ``polyc.poly.analysis`` for the flop count.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -52,6 +52,7 @@ import numpy as np  # noqa: E402
 
 import polyc  # noqa: E402
 from polyc import Options  # noqa: E402
+from polyc.poly import analysis  # noqa: E402
 
 DEFAULT_TILE_SIZES = ("32x32x32", "64x64x128", "128x256x256")
 
@@ -64,7 +65,7 @@ def variants(threads: int | None, tile_sizes) -> list[tuple[str, Options]]:
     out = [("source order", naive.replace(scheduler="identity")),
            ("isl", naive)]
     step = naive
-    for name, change in (("+ tile", dict(tile=True)), ("+ register tile", dict(register_tile=True)),
+    for name, change in (("+ tile", dict(tile=True)), ("+ register tile", dict(register_tile=True, unroll=None)),
                          ("+ vectorize", dict(vectorize=True)), ("+ promote", dict(promote=None)),
                          ("+ parallel", dict(parallel=True, threads=threads))):
         step = step.replace(**change)
@@ -111,150 +112,15 @@ def make_inputs(specs, sizes: dict, seed: int) -> list:
     return arrays
 
 
-def def_body(source: str, name: str) -> str | None:
-    """The text between the braces of ``def name``."""
-    match = re.search(r"\bdef\s+" + re.escape(name) + r"\s*\(", source)
-    if not match:
-        return None
-    start = source.find("{", match.end())
-    depth, i = 0, start
-    while i < len(source):
-        if source[i] == "{":
-            depth += 1
-        elif source[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return source[start + 1:i]
-        i += 1
-    return None
+def scop_of(compiled):
+    """The Scop of a compiled kernel (the one place this script reaches into the compiled stages)."""
+    return compiled.stages.scop
 
 
-STATEMENT_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*\(([^)]*)\)\s*(\+=!|\*=!|max=!|min=!|\+=|\*=|max=|min=|=)(.*)$")
-
-
-def _split_top(text: str, sep: str) -> list[str]:
-    """Split ``text`` on ``sep`` outside parentheses."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        depth += (ch == "(") - (ch == ")")
-        if ch == sep and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return parts
-
-
-TOKEN_RE = re.compile(r"\s*(\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|[A-Za-z_]\w*|&&|\|\||[<>=!]=|.)")
-
-
-def _expr_ops(text: str, tensors: set) -> int:
-    """Binary + - * / and function calls in an expression; tensor index arithmetic and the condition of a
-    ``c ? a : b`` select are not counted."""
-    tokens = [t for t in TOKEN_RE.findall(text) if t.strip()]
-    ops, prev_operand, i = 0, False, 0
-    # only the branches of a top-level select count
-    level, question = 0, None
-    for k, tok in enumerate(tokens):
-        level += (tok == "(") - (tok == ")")
-        if tok == "?" and level == 0:
-            question = k
-            break
-    if question is not None:
-        tokens = tokens[question + 1:]
-    while i < len(tokens):
-        tok = tokens[i]
-        nxt = tokens[i + 1] if i + 1 < len(tokens) else ""
-        if re.match(r"[A-Za-z_]", tok) and nxt == "(":
-            if tok in tensors:  # an access: skip its index list
-                depth = 0
-                i += 1
-                while i < len(tokens):
-                    depth += (tokens[i] == "(") - (tokens[i] == ")")
-                    i += 1
-                    if depth == 0:
-                        break
-                prev_operand = True
-                continue
-            ops += 1  # a call
-            prev_operand = False
-        elif tok in "+-*/" and prev_operand:
-            ops += 1
-            prev_operand = False
-        elif tok == ")" or re.match(r"[\w.]", tok):
-            prev_operand = True
-        else:
-            prev_operand = False
-        i += 1
-    return ops
-
-
-def _rhs_ops(rhs: str, tensors: set) -> int:
-    """Flops of one right-hand side: the expression and the expressions bound by ``where x = ...``
-    (range clauses ``i in 0:N`` carry none)."""
-    main, _, bindings = rhs.partition(" where ")
-    bound = [b.split("=", 1)[1] for b in _split_top(bindings, ",") if "=" in b and " in " not in b]
-    return sum(_expr_ops(text, tensors) for text in [main] + bound)
-
-
-def box_instances(domain_text: str) -> dict:
-    """Statement name -> number of instances, for statements whose domain (in the ``domain`` stage) is a
-    box ``lo <= i <= hi and ...``; other statements are left out."""
-    counts = {}
-    for m in re.finditer(r"domain:\s*\{\s*(S\d+)\[([^\]]*)\]\s*(?::\s*([^}]*))?\}", domain_text):
-        name, cond = m.group(1), m.group(3) or ""
-        dims, bounds = [], {}
-        for d in filter(None, (d.strip() for d in m.group(2).split(","))):
-            var, eq, _ = d.partition("=")  # isl writes a fixed index as "n = 0"
-            dims.append(var.strip())
-            if eq:
-                bounds[var.strip()] = 1
-        ok = True
-        for clause in filter(None, (c.strip() for c in cond.split(" and "))):
-            b = re.fullmatch(r"(-?\d+)\s*<=\s*(\w+)\s*<=\s*(-?\d+)", clause)
-            if b and b.group(2) in dims:
-                bounds[b.group(2)] = int(b.group(3)) - int(b.group(1)) + 1
-            else:
-                ok = False
-        if ok and set(bounds) == set(dims):
-            counts[name] = math.prod(bounds.values())
-    return counts
-
-
-def derived_flops(compiled, source: str, name: str) -> float | None:
-    """A flop count from the def's statements and the compiled domains (None when it cannot be had)."""
-    body = def_body(source, name)
-    if body is None:
-        return None
-    domain = compiled.stage("domain")
-    header = re.findall(r"^\s*S(\d+):\s*\S+\s+(\S+)\s+\.\.\.\s*$", domain, re.MULTILINE)
-    kinds = [(f"S{n}", op) for n, op in header]
-    source_statements = [s for s in (line.split("#", 1)[0] for line in body.splitlines()) if s.strip()]
-    # continuation lines (a where clause on its own line) belong to the statement above
-    statements = []
-    for line in source_statements:
-        if STATEMENT_RE.match(line):
-            statements.append(line)
-        elif statements:
-            statements[-1] += " " + line.strip()
-    sig = re.search(r"\bdef\s+" + re.escape(name) + r"\s*\((.*?)\)\s*->", source, re.S)
-    tensors = set(re.findall(r"\)\s*([A-Za-z_]\w*)", sig.group(1))) if sig else set()
-    tensors |= set(re.findall(r"\b(?:float|double|int\d*|uint\d*|bool|half)\s+([A-Za-z_]\w*)", sig.group(1))) \
-        if sig else set()
-    tensors |= {STATEMENT_RE.match(s).group(1) for s in statements}
-    real = [(s, op) for s, op in kinds if op != "init"]
-    if len(real) != len(statements):
-        return None
-    instances = box_instances(domain)
-    total = 0
-    for (stmt, _), line in zip(real, statements):
-        if stmt not in instances:
-            return None
-        m = STATEMENT_RE.match(line)
-        ops = _rhs_ops(m.group(4), tensors) + (0 if m.group(3) == "=" else 1)
-        total += instances[stmt] * ops
-    return float(total)
+def derived_flops(compiled) -> float | None:
+    """The FLOPs of one call, counted on the compiled kernel's Scop by :func:`polyc.poly.analysis.flops`
+    (None for a kernel without floating-point work)."""
+    return float(analysis.flops(scop_of(compiled))) or None
 
 
 # ---- timing ------------------------------------------------------------------------------------------------
@@ -408,7 +274,7 @@ def main(argv=None) -> int:
         if inputs is None:
             inputs = make_inputs(compiled.inputs, sizes, args.seed)
             if flops is None:
-                flops = derived_flops(compiled, source, kernel.name)
+                flops = derived_flops(compiled)
         outs = [np.zeros(t.shape, t.dtype) for t in compiled.outputs]
         compiled(*inputs, out=outs)
         got = [o.copy() for o in outs]

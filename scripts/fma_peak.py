@@ -39,7 +39,7 @@ class FmaPeak:
 
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
-        from polyc.codegen.target import host_target
+        from polyc.target import host_target
 
         target = host_target()  # the CPU polyc generates code for: POLYC_CPU=znver3 measures AVX2's peak
         self.cpu, self.features = target.cpu, target.features

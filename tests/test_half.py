@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 import polyc
 import polyc.onnx
-from polyc.codegen.target import host_target
+from polyc.target import host_target
 from polyc.errors import SemanticError, ShapeError
 from polyc.lang import check_def, format_program, parse
 from polyc.onnx import testing

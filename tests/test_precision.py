@@ -2,7 +2,7 @@
 
 Summed plainly, 2**25 float32 ones stop at 2**24 = 16777216 and random data loses ~100x numpy's accuracy.
 Codegen sums in register blocks and adds each block to the element with a compensated update
-(:func:`polyc.codegen.llvm.fold_sum`), so every result here is compared with an exact (float64) reference.
+(:func:`polyc.codegen.sums.fold_sum`), so every result here is compared with an exact (float64) reference.
 """
 import numpy as np
 import pytest

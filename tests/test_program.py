@@ -4,7 +4,7 @@ import pytest
 
 import polyc
 from polyc.errors import KernelRuntimeError
-from polyc.kernel import KernelCall, link_program
+from polyc.program import KernelCall, link_program
 
 MM = polyc.define("def matmul(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
 RELU = polyc.define("def relu(float(M,N) X) -> (Y) { Y(m,n) = max(X(m,n), 0.0) }")

@@ -112,20 +112,20 @@ def test_status_two_is_reported_as_out_of_memory():
 
 
 def test_a_constant_input_read_once_arrives_packed_else_it_is_copied():
-    """lower_stages with ``constants``: the packed read of B indexes B itself in panel-major layout (no copy
+    """The pipeline's lower with ``constants``: the packed read of B indexes B itself in panel-major layout (no copy
     statement, no local buffer); a second read of B keeps the per-call copy."""
-    from polyc.kernel import lower_stages
+    from polyc.pipeline import lower
     from polyc.poly.promote import packed_array
 
     once = polyc.define(MATMUL, options=Options(promote=True))
     sizes = {"M": 9, "K": 11, "N": 45}
-    scop, *_, ast = lower_stages(once.checked, sizes, once.options, once.target, frozenset({"B"}))
+    scop = lower(once.checked, sizes, once.options, once.target, frozenset({"B"})).scop
     b = scop.tensor("B")
     assert b.role == "input" and b.packed and b.shape == (-(-45 // b.packed), 11, b.packed)
     assert all(t.role != "local" for t in scop.tensors) and len(scop.statements) == 2  # init + update
     twice = polyc.define("def mm2(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) + B(0,n) }",
                          options=Options(promote=True))
-    scop2, *_ = lower_stages(twice.checked, sizes, twice.options, twice.target, frozenset({"B"}))
+    scop2 = lower(twice.checked, sizes, twice.options, twice.target, frozenset({"B"})).scop
     assert not scop2.tensor("B").packed and scop2.tensor("B__p0").role == "local"
     # the layout the caller builds: [v // nr, k, v % nr], the last panel's tail zero
     B = np.arange(11 * 45, dtype=np.float32).reshape(11, 45)

@@ -60,7 +60,7 @@ def test_compare_schedules_prints_every_variant(compare_matmul):
     assert rows[0]["check"] == "reference"
     assert all(r["check"] == "ok" for r in rows[1:]), rows
     assert "scheduler=identity" in rows[0]["options"]
-    assert rows[1]["options"] == "`tile=0,register_tile=0,vectorize=0,parallel=0,promote=0`"
+    assert rows[1]["options"] == "`tile=0,register_tile=0,vectorize=0,parallel=0,unroll=0,promote=0`"
     assert rows[6]["options"] == "`(default)`"
     assert rows[-1]["options"] == "`tile_sizes=128x256x256`"
 

@@ -4,7 +4,7 @@ import pytest
 from polyc.errors import SemanticError
 from polyc.lang import ast as A
 from polyc.lang import check_def, format_expr, parse
-from polyc.lang.sema import promote, widens
+from polyc.lang.sema import promote_types, widens
 
 
 def check(source: str) -> A.CheckedDef:
@@ -131,7 +131,7 @@ def test_numpy_promotion_and_casts():
     assert e.dtype == "float64" and isinstance(e.lhs, A.Cast) and e.rhs.dtype == "float64"
     e = rhs("def f(bool(N) A) -> (O) { O(i) = A(i) + A(i) }")
     assert e.dtype == "int32"
-    assert promote("uint64", "int64") == "float64" and promote("int64", "float32") == "float32"
+    assert promote_types("uint64", "int64") == "float64" and promote_types("int64", "float32") == "float32"
 
 
 def test_comparisons_logic_and_select():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import polyc
-from polyc.codegen.target import AVX2_CPUS, AVX512_CPUS, host_target, override_cpu
+from polyc.target import AVX2_CPUS, AVX512_CPUS, host_target, override_cpu
 
 MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
 

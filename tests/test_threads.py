@@ -42,13 +42,13 @@ def race(n_threads, work):
 def test_one_kernel_from_eight_threads_with_racing_first_calls(monkeypatch):
     monkeypatch.setenv("POLYC_CACHE_DIR", "off")  # every shape goes through the pipeline
     compiles = []
-    real = polyc.kernel.compile_stages
+    real = polyc.kernel.compile_kernel
 
     def counting(checked, sizes, *rest):
         compiles.append(tuple(sorted(sizes.items())))
         return real(checked, sizes, *rest)
 
-    monkeypatch.setattr(polyc.kernel, "compile_stages", counting)
+    monkeypatch.setattr(polyc.kernel, "compile_kernel", counting)
     kernel = polyc.define(MATMUL, options=polyc.Options(threads=2))
     shapes = [(5, 3, 7), (5, 3, 7), (64, 48, 40), (64, 48, 40), (1, 1, 1), (13, 17, 11), (13, 17, 11), (96, 64, 80)]
 

@@ -6,6 +6,6 @@ target)``; then ``jit.address(scop.name)`` is an ``int32 (void **args)`` entry p
 from .entry import emit_entry
 from .jit import JitModule, compile_module, load_object
 from .llvm import emit_kernel, new_module
-from .target import Target, host_target
+from ..target import Target, host_target
 
 __all__ = ["emit_entry", "host_target", "Target", "new_module", "emit_kernel", "compile_module", "load_object", "JitModule"]

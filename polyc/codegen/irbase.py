@@ -9,6 +9,7 @@ import hashlib
 from llvmlite import ir
 
 from ..errors import CompileError
+from ..lang.ast import itemsize
 
 I1 = ir.IntType(1)
 I8 = ir.IntType(8)
@@ -64,8 +65,8 @@ def memory_type(dtype: str) -> ir.Type:
 
 
 def element_bytes(dtype: str) -> int:
-    """Bytes of one element in memory (numpy's itemsize; bool is 1)."""
-    return {"bool": 1, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(dtype) or _BITS[dtype] // 8
+    """Bytes of one element in memory (:func:`polyc.lang.ast.itemsize`)."""
+    return itemsize(dtype)
 
 
 # ---- small helpers on scalar-or-vector values ----

@@ -1,7 +1,7 @@
 """LLVM IR → native code in this process: parse, verify, optimize (new pass manager), MCJIT.
 
 :func:`compile_module` returns a :class:`JitModule` that owns the execution engine; the addresses it hands
-out stay valid while it lives. The machine code is for the :class:`~polyc.codegen.target.Target` (the
+out stay valid while it lives. The machine code is for the :class:`~polyc.target.Target` (the
 host: its CPU name and features, so AVX2/AVX-512 and FMA are used).
 
 External symbols the generated code calls (libm's ``tanhf``/``erff``..., libmvec's vector functions) are
@@ -36,7 +36,7 @@ from llvmlite import ir
 from .. import debug
 from ..errors import CompileError
 from .pool import PARALLEL_RUN, pool_module
-from .target import Target
+from ..target import Target
 
 #: Serializes every LLVM call of this module (LLVM's global context is not thread-safe).
 _LOCK = threading.RLock()
@@ -124,13 +124,14 @@ class JitModule:
         return self._asm
 
 
-def compile_module(module_or_ir_text, target: Target, opt_level: int = 3) -> JitModule:
+def compile_module(module_or_ir_text, target: Target, opt_level: int = 3, unroll: bool = True) -> JitModule:
     """Compile an llvmlite ``ir.Module`` (or LLVM IR text) for ``target`` and load it into this process.
 
     Steps: ``llvm.parse_assembly`` and ``ModuleRef.verify``; a ``TargetMachine`` with ``target.cpu`` and
     ``target.features`` (``jit=True``); the new pass manager's default module pipeline at ``opt_level``
     (``create_pipeline_tuning_options`` + ``create_pass_builder`` + ``getModulePassManager``, loop and SLP
-    vectorization on from level 2); ``TargetMachine.emit_object``, the IR freed; then the object loaded by
+    vectorization on from level 2, loop unrolling too unless ``unroll`` is False); ``TargetMachine.emit_object``,
+    the IR freed; then the object loaded by
     an MCJIT engine (as :func:`load_object` does). Thread-safe (serialized).
 
     Raises :class:`CompileError` naming the kernels when LLVM rejects the IR, the target is unknown, or a
@@ -142,10 +143,10 @@ def compile_module(module_or_ir_text, target: Target, opt_level: int = 3) -> Jit
     with _LOCK:
         _init_llvm()
         _ensure_pool(target)
-        return _compile(text, target, opt_level)
+        return _compile(text, target, opt_level, unroll)
 
 
-def _compile(text: str, target: Target, opt_level: int) -> JitModule:
+def _compile(text: str, target: Target, opt_level: int, unroll: bool = True) -> JitModule:
     """:func:`compile_module` without the pool (which is compiled through here itself). Call under ``_LOCK``."""
     try:
         mod = llvm.parse_assembly(text)
@@ -168,7 +169,7 @@ def _compile(text: str, target: Target, opt_level: int) -> JitModule:
     pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
     pto.loop_vectorization = opt_level >= 2
     pto.slp_vectorization = opt_level >= 2
-    pto.loop_unrolling = opt_level >= 2
+    pto.loop_unrolling = opt_level >= 2 and unroll
     pb = llvm.create_pass_builder(tm, pto)
     mpm = pb.getModulePassManager()
     mpm.run(mod, pb)

@@ -2,10 +2,12 @@
 
 The shape follows Tensor Comprehensions' ``codegen_llvm.cc``: :func:`emit_node` dispatches ``for``, ``if``,
 ``block``, ``user`` and ``mark`` nodes to :func:`emit_for`, :func:`emit_if`, :func:`emit_block`,
-:func:`emit_user` and :func:`emit_mark`. The insertion point is explicit: every ``emit_*`` takes the basic
-block to append to and returns the block where control continues, so no builder state leaks between them.
-:func:`emit_isl_expr` turns isl AST expressions into i64/i1 values; lang expressions (statement bodies)
-are emitted by :mod:`polyc.codegen.expr`.
+:func:`~polyc.codegen.region.emit_user` and :func:`emit_mark`. The insertion point is explicit: every ``emit_*``
+takes the basic block to append to and returns the block where control continues, so no builder state leaks
+between them. What every emitter shares (the :class:`~polyc.codegen.region.KernelEmitter` and
+:class:`~polyc.codegen.region.Region` state, loops, :func:`~polyc.codegen.region.emit_isl_expr` for isl AST
+expressions as i64/i1 values) is in :mod:`polyc.codegen.region`; lang expressions (statement bodies) are
+emitted by :mod:`polyc.codegen.expr`.
 
 What :func:`emit_kernel` adds to the module, for a Scop named ``mm``::
 
@@ -18,34 +20,33 @@ Tensor pointers are ``noalias``: the tensors of one kernel call must not overlap
 
 Marks on a ``for`` (inserted by the scheduling side with ``insert_mark``) select its emitter in
 :func:`emit_for`: ``"parallel"`` → :func:`emit_parallel_for` (outlined body run by the thread pool),
-``"vector"`` → :func:`polyc.codegen.vector.emit_vector_for` (LLVM vectors, scalar fallback),
+``"vector"`` → :func:`polyc.codegen.vector.emit_vector_for` (LLVM vectors, scalar remainder; a sequential
+loop when the body does not vectorize),
 ``"unroll"`` → :func:`emit_unrolled_for` (full unroll up to a constant bound), anything else and plain
 loops → :func:`emit_sequential_for`.
 """
 from __future__ import annotations
-
-import itertools
-from dataclasses import dataclass, field
-from typing import Callable
 
 import islpy as isl
 from llvmlite import ir
 
 from ..errors import CompileError
 from ..options import Options
-from ..poly.scop import PolyStatement, Scop
+from ..poly.marks import parse_mark
+from ..poly.scop import Scop
+from ..poly.strategy import threads as thread_count
 from . import expr as X
 from .pool import declare_parallel_run
-from .target import Target
+from .region import (KernelEmitter, Region, emit_isl_expr, emit_loop, emit_trip_count, emit_user, loop_bounds,
+                     smax, smin, with_id)
+from .sums import blocked_reduction_plan, emit_blocked_reduction
+from .vector import emit_vector_for
+from ..target import Target
 
 I1, I8, I32, I64, PTR = X.I1, X.I8, X.I32, X.I64, X.PTR
 
 #: Loops with a constant trip count up to this many iterations are fully unrolled under an "unroll" mark.
 MAX_FULL_UNROLL = 64
-
-#: The pointer argument every region function takes after the tensors: an array of one shadow buffer per
-#: tensor in ``Kernel.shadows`` (compensated sums, :func:`fold_sum`), allocated by the entry function.
-SHADOWS = ".shadows"
 
 _OP = isl.ast_expr_op_type
 _NODE = isl.ast_node_type
@@ -56,95 +57,6 @@ def new_module(target: Target, name: str = "polyc") -> ir.Module:
     module = ir.Module(name=name)
     module.triple = target.triple
     return module
-
-
-# ---- the state of one kernel and of one LLVM function being filled ----
-
-@dataclass
-class Region:
-    """One LLVM function under construction: its tensor pointers, the bound isl iterators, its fail block.
-
-    ``ids`` maps isl AST iterator names (``c0``, ``c1``...) to their current i64 values; ``in_parallel``
-    is set in an outlined parallel body (nested "parallel" marks then run sequentially).
-    """
-
-    fn: ir.Function
-    start: ir.Block
-    tensors: dict[str, ir.Value]
-    ids: dict[str, ir.Value] = field(default_factory=dict)
-    in_parallel: bool = False
-    _fail: ir.Block | None = None
-
-    def fail(self) -> ir.Block:
-        """The block returning 1 (a data-dependent index was out of range), made on first use."""
-        if self._fail is None:
-            self._fail = self.fn.append_basic_block("fail")
-            ir.IRBuilder(self._fail).ret(ir.Constant(I32, 1))
-        return self._fail
-
-    def alloca(self, ty: ir.Type, name: str = "") -> ir.Value:
-        """A stack slot in the function's entry block (so loops do not grow the stack)."""
-        b = ir.IRBuilder(self.fn.entry_basic_block)
-        b.position_at_start(self.fn.entry_basic_block)
-        slot = b.alloca(ty, name=name)
-        slot.type = PTR  # an opaque pointer, as everywhere else (llvmlite types allocas as T*)
-        return slot
-
-
-@dataclass
-class Kernel:
-    """What every emitter of one kernel shares: module, Scop, target, options, statements by name."""
-
-    module: ir.Module
-    scop: Scop
-    target: Target
-    options: Options
-    statements: dict[str, PolyStatement]
-    _counter: itertools.count = field(default_factory=itertools.count)
-    #: tensors whose compensated sums (:func:`fold_sum`) keep a shadow buffer, in shadow-array order
-    shadows: list[str] = field(default_factory=list)
-
-    def fresh(self, what: str) -> str:
-        """A function name unique in the module: ``<kernel>.<what><n>``."""
-        return f"{X.ir_name(self.scop.name)}.{what}{next(self._counter)}"
-
-    def env(self, region: Region, indices: dict[str, ir.Value], stmt: PolyStatement) -> X.Env:
-        """The environment ``stmt``'s expressions are emitted in (scalar)."""
-        return X.Env(self.module, self.scop, region.tensors, indices, region.fail, safe_reads=stmt.safe_reads)
-
-    def pointer_names(self) -> list[str]:
-        """The pointer arguments of every region function: the tensors in Scop order, then :data:`SHADOWS`."""
-        return [t.name for t in self.scop.tensors] + [SHADOWS]
-
-    def new_region(self, name: str, extra: list[str], in_parallel: bool = False) -> tuple[Region, list]:
-        """``define internal i32 @name(ptr noalias %<tensor>..., ptr noalias %.shadows, i64 %<extra>...)``
-        and its Region.
-
-        Returns the region and the i64 arguments named by ``extra``.
-        """
-        pointers = self.pointer_names()
-        fnty = ir.FunctionType(I32, [PTR] * len(pointers) + [I64] * len(extra))
-        fn = ir.Function(self.module, fnty, name)
-        fn.linkage = "internal"
-        fn.attributes.add("nounwind")
-        for arg, n in zip(fn.args, pointers):
-            arg.name = X.ir_name(n)
-            arg.add_attribute("noalias")
-        for arg, n in zip(fn.args[len(pointers):], extra):
-            arg.name = n
-        entry = fn.append_basic_block("entry")
-        start = fn.append_basic_block("start")
-        ir.IRBuilder(entry).branch(start)
-        region = Region(fn, start, dict(zip(pointers, fn.args)), in_parallel=in_parallel)
-        return region, list(fn.args[len(pointers):])
-
-    def shadow(self, r: Region, tensor: str, b: ir.IRBuilder) -> ir.Value:
-        """The shadow buffer of ``tensor`` in region ``r`` (registered on first use; :func:`fold_sum`)."""
-        if tensor not in self.shadows:
-            self.shadows.append(tensor)
-        slot = b.gep(r.tensors[SHADOWS], [ir.Constant(I64, self.shadows.index(tensor))], inbounds=True,
-                     source_etype=PTR)
-        return b.load(slot, typ=PTR, align=8)
 
 
 def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: Target,
@@ -161,7 +73,7 @@ def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: 
     """
     if scop.name in module.globals:
         raise CompileError(f"codegen: the module already defines {scop.name!r}; kernel names must be unique")
-    kernel = Kernel(module, scop, target, options, {s.name: s for s in scop.statements})
+    kernel = KernelEmitter(module, scop, target, options, {s.name: s for s in scop.statements})
     fn = ir.Function(module, ir.FunctionType(I32, [PTR]), scop.name)
     fn.args[0].name = "args"
     fn.attributes.add("nounwind")
@@ -188,11 +100,12 @@ def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: 
     return fn
 
 
-def _allocate_shadows(k: Kernel, fn: ir.Function, b: ir.IRBuilder) -> tuple[ir.Value, list[ir.Value]]:
+def _allocate_shadows(k: KernelEmitter, fn: ir.Function, b: ir.IRBuilder) -> tuple[ir.Value, list[ir.Value]]:
     """``(array, buffers)``: one zeroed shadow buffer (``calloc``: 8 bytes per element of the tensor, two for
-    float64, see :func:`fold_sum`) per tensor in ``k.shadows``, and the array of their pointers the region functions
-    take as :data:`SHADOWS` (a null pointer when there is none). The kernel returns STATUS_NO_MEMORY when an
-    allocation fails. Leaves ``b`` where the buffers are valid."""
+    float64, see :func:`~polyc.codegen.sums.fold_sum`) per tensor in ``k.shadows``, and the array of their
+    pointers the region functions take as :data:`~polyc.codegen.region.SHADOWS` (a null pointer when there is
+    none). The kernel returns STATUS_NO_MEMORY when an allocation fails. Leaves ``b`` where the buffers are
+    valid."""
     if not k.shadows:
         return ir.Constant(PTR, None), []
     calloc = X.declare(k.module, "calloc", ir.FunctionType(PTR, [I64, I64]))
@@ -238,7 +151,7 @@ def _allocate(module: ir.Module, fn: ir.Function, b: ir.IRBuilder, t) -> ir.Valu
 
 # ---- isl AST nodes ----
 
-def emit_node(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
+def emit_node(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
     """Emit any isl AST node at the end of ``block``; returns the block where control continues."""
     t = node.get_type()
     if t == _NODE.for_:
@@ -254,7 +167,7 @@ def emit_node(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Bl
     raise CompileError(f"codegen: unexpected isl AST node type {t}")
 
 
-def emit_block(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
+def emit_block(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
     """A sequence of nodes (``isl_ast_node_block_get_children``), in order."""
     children = node.block_get_children()
     for i in range(children.n_ast_node()):
@@ -262,12 +175,12 @@ def emit_block(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.B
     return block
 
 
-def emit_mark(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
+def emit_mark(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
     """A mark (``isl_ast_node_mark_get_id``): passed to :func:`emit_for` when it marks a ``for``. When the
     marked band was split into pieces (full and partial tiles: isl's ``isolate`` option), the mark's child is
     a block: each piece's loop gets the mark, if it is the loop of the marked schedule dimension
     (``parallel_c<depth>``)."""
-    mark, _, depth = node.mark_get_id().name.partition("_c")
+    mark, depth = parse_mark(node.mark_get_id().name)
     child = node.mark_get_node()
     parts = [child]
     if child.get_type() == _NODE.block:
@@ -276,12 +189,12 @@ def emit_mark(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Bl
     for part in parts:
         # "parallel_c3" applies to the loops of schedule dimension 3 (isl iterator c3) only
         marked = part.get_type() == _NODE.for_ and (
-            not depth or part.for_get_iterator().get_id().name == f"c{depth}")
+            depth is None or part.for_get_iterator().get_id().name == f"c{depth}")
         block = emit_for(k, r, part, block, mark) if marked else emit_node(k, r, part, block)
     return block
 
 
-def emit_if(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
+def emit_if(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
     """``if (cond) then [else other]`` (``isl_ast_node_if_get_cond/get_then_node/get_else_node``)."""
     b = ir.IRBuilder(block)
     cond = emit_isl_expr(r.ids, node.if_get_cond(), b)
@@ -295,116 +208,10 @@ def emit_if(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Bloc
     return join
 
 
-def emit_user(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
-    """A statement instance ``S(e0, e1, ...)``: evaluate the rhs, combine with the lhs element, store."""
-    b = ir.IRBuilder(block)
-    stmt, values = statement_call(k, r, node, b)
-    emit_statement(k.env(r, values, stmt), stmt, b)
-    return b.block
-
-
-def statement_call(k: Kernel, r: Region, node: isl.AstNode, b: ir.IRBuilder):
-    """The statement of user node ``node`` and its index values (lang index name → i64)."""
-    call = node.user_get_expr()
-    name = call.get_op_arg(0).get_id().name
-    stmt = k.statements.get(name)
-    if stmt is None:
-        raise CompileError(f"codegen: the AST calls {name!r}, which is not a statement of {k.scop.name}")
-    if call.get_op_n_arg() - 1 != len(stmt.indices):
-        raise CompileError(f"codegen: {name} has indices {stmt.indices} but the AST passes "
-                           f"{call.get_op_n_arg() - 1} values")
-    values = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), b) for n, i in enumerate(stmt.indices)}
-    return stmt, values
-
-
-def emit_statement(env: X.Env, stmt: PolyStatement, b: ir.IRBuilder) -> None:
-    """``tensor[lhs] (op)= rhs`` for one instance whose index values are ``env.indices``."""
-    dtype = env.scop.tensor(stmt.tensor).dtype
-    flat = X.flat_index(env, stmt.tensor, [env.indices[i] for i in stmt.lhs], b)
-    old = X.load(env, stmt.tensor, flat, b) if stmt.op not in ("init", "=") else None
-    X.store(env, stmt.tensor, flat, X.emit_update(env, stmt.op, dtype, stmt.rhs, old, b), b)
-
-
-# ---- compensated sums ----
-
-#: Float ``+=`` reductions of at least this many terms per element accumulate in register partials of at most
-#: this many terms (numpy's pairwise block: 128) that are added to the element with :func:`fold_sum`.
-SUM_BLOCK = 128
-
-
-def compensated(k: Kernel, stmt: PolyStatement) -> bool:
-    """Whether ``stmt`` is a float ``+=`` reduction long enough (more than :data:`SUM_BLOCK` terms per element,
-    from the Scop's index ranges) to be summed in blocks with :func:`fold_sum`."""
-    if stmt.op != "+=" or k.scop.tensor(stmt.tensor).dtype not in ("float32", "float64"):
-        return False
-    terms = 1
-    for index in stmt.indices:
-        if index not in stmt.lhs:
-            lo, hi = k.scop.ranges.get((stmt.name, index), (0, 0))
-            terms *= max(0, hi - lo)
-    return terms > SUM_BLOCK
-
-
-def fold_sum(k: Kernel, r: Region, tensor: str, flat: ir.Value, partial: ir.Value, b: ir.IRBuilder) -> None:
-    """``tensor[flat] += partial``, where the running sum keeps more precision than the element.
-
-    A long reduction adds many block partials (register sums of at most :data:`SUM_BLOCK` terms, or a vector
-    reduction's fold) to one element; added plainly, the error grows with the number of partials. Here the
-    element's shadow (8 bytes per element of the tensor, ``Kernel.shadow``) keeps the running sum in more
-    precision, and the element holds it rounded. For float32 the shadow is a double ``s``::
-
-        if ((float)s != T) s = T;      // T was written by anything else (init, plain update, NaN): restart
-        s += (double)x;  T = (float)s;
-
-    For float64 it is Neumaier's compensated sum (Kahan's variant that also holds when ``|x| > |s|``): the
-    running sum ``s`` and the rounding error ``c`` lost so far, with ``T = s + c``::
-
-        if (s + c != T) { s = T; c = 0; }
-        t = s + x;  c += |s| >= |x| ? (s - t) + x : (x - t) + s;  s = t;  T = s + c   // c kept if t is inf
-
-    Either way the element's error stays about one rounding whatever the number of partials, and the
-    shadow needs no initialisation beyond zero (the check restarts it from the element).
-    """
-    dtype = k.scop.tensor(tensor).dtype
-    ty = X.llvm_type(dtype)
-    env = X.Env(k.module, k.scop, r.tensors, {}, r.fail)
-    element = X.element_pointer(env, tensor, flat, b)
-    old = b.load(element, typ=ty)
-    base = k.shadow(r, tensor, b)
-    if dtype == "float32":
-        wide = ir.DoubleType()
-        s_ptr = b.gep(base, [b.mul(flat, ir.Constant(I64, 2))], inbounds=True, source_etype=wide)
-        copy_ptr = b.gep(s_ptr, [ir.Constant(I64, 1)], inbounds=True, source_etype=wide)
-        s, copy = b.load(s_ptr, typ=wide), b.load(copy_ptr, typ=I32)
-        x = b.fpext(partial, wide)
-        # both sums, then the choice (bits of T against those last stored): the check stays off the chain
-        # of dependent adds through s
-        valid = b.icmp_unsigned("==", b.bitcast(old, I32), copy)
-        s = b.select(valid, b.fadd(s, x), b.fadd(b.fpext(old, wide), x))
-        result = b.fptrunc(s, ty)
-        b.store(s, s_ptr)
-        b.store(b.bitcast(result, I32), copy_ptr)
-        b.store(result, element)
-        return
-    s_ptr = b.gep(base, [b.mul(flat, ir.Constant(I64, 2))], inbounds=True, source_etype=ty)
-    c_ptr = b.gep(s_ptr, [ir.Constant(I64, 1)], inbounds=True, source_etype=ty)
-    s, c = b.load(s_ptr, typ=ty), b.load(c_ptr, typ=ty)
-    valid = b.fcmp_ordered("==", b.fadd(s, c), old)
-    s, c = b.select(valid, s, old), b.select(valid, c, ir.Constant(ty, 0.0))
-    t = b.fadd(s, partial)
-    fabs = X.intrinsic(k.module, "fabs", ty, 1)
-    s_big = b.fcmp_ordered(">=", b.call(fabs, [s]), b.call(fabs, [partial]))
-    error = b.select(s_big, b.fadd(b.fsub(s, t), partial), b.fadd(b.fsub(partial, t), s))
-    finite = b.fcmp_ordered("!=", b.call(fabs, [t]), ir.Constant(ty, float("inf")))
-    c = b.select(finite, b.fadd(c, error), c)
-    b.store(t, s_ptr)
-    b.store(c, c_ptr)
-    b.store(b.fadd(t, c), element)
-
 
 # ---- for loops ----
 
-def emit_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block, mark: str | None = None) -> ir.Block:
+def emit_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block, mark: str | None = None) -> ir.Block:
     """A ``for`` node, emitted as its mark asks (see the module docstring); unmarked loops are sequential.
 
     ``options.parallel=False`` / ``options.vectorize=False`` turn "parallel" / "vector" marks into plain
@@ -413,20 +220,20 @@ def emit_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block, mark: str
     if mark == "parallel" and k.options.parallel:
         return emit_parallel_for(k, r, node, block)
     if mark == "vector" and k.options.vectorize:
-        from .vector import emit_vector_for  # vector.py builds on this module
-        return emit_vector_for(k, r, node, block)
+        vectorized = emit_vector_for(k, r, node, block)
+        if vectorized is not None:
+            return vectorized
     if mark == "unroll":
         return emit_unrolled_for(k, r, node, block)
     return emit_sequential_for(k, r, node, block)
 
 
-def emit_sequential_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
+def emit_sequential_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
     """``for (it = init; cond; it += inc) body`` (``isl_ast_node_for_get_init/cond/inc/body``) as a loop.
 
     A loop that is one long float sum into an element that stays put is summed in blocks instead
-    (:func:`polyc.codegen.vector.emit_blocked_reduction`), whatever its mark.
+    (:func:`polyc.codegen.sums.emit_blocked_reduction`), whatever its mark.
     """
-    from .vector import blocked_reduction_plan, emit_blocked_reduction  # vector.py builds on this module
     if not node.for_is_degenerate() and (user := blocked_reduction_plan(k, node)) is not None:
         return emit_blocked_reduction(k, r, node, block, user)
     it = node.for_get_iterator().get_id().name
@@ -441,16 +248,16 @@ def emit_sequential_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block
                      lambda blk: emit_node(k, r, body, blk))
 
 
-def emit_unrolled_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
+def emit_unrolled_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
     """Full unrolling: the body once per iteration, with the iterator a constant.
 
     Applies when the init is an integer constant and the bound has a constant part: ``c2 <= 7`` or a tile's
     point loop ``c2 <= min(3, -c0 + 9)`` (at most 4 iterations). When the bound also has a variable part,
-    each copy is guarded by the loop condition. Loops of more than ``max(options.unroll,``
-    :data:`MAX_FULL_UNROLL` ``)`` iterations, or without such bounds, become a sequential loop.
+    each copy is guarded by the loop condition. Loops of more than ``options.unroll`` iterations
+    (None: :data:`MAX_FULL_UNROLL`; 0: every loop), or without such bounds, become a sequential loop.
     """
     bounds = loop_bounds(node)
-    limit = max(MAX_FULL_UNROLL, k.options.unroll)
+    limit = MAX_FULL_UNROLL if k.options.unroll is None else k.options.unroll
     if bounds is None or bounds[0].get_type() != isl.ast_expr_type.int:
         return emit_sequential_for(k, r, node, block)
     init_expr, parts, step = bounds
@@ -488,112 +295,11 @@ def _constant_terms(e: isl.AstExpr) -> list[int]:
     return []
 
 
-def emit_loop(r: Region, block: ir.Block, name: str, init: ir.Value,
-              cond: Callable[[ir.IRBuilder, ir.Value], ir.Value], step: ir.Value,
-              body: Callable[[ir.Block], ir.Block]) -> ir.Block:
-    """A loop ``for (name = init; cond(name); name += step) body`` on i64, with ``name`` bound in ``r.ids``.
-
-    ``cond(builder, iv)`` gives the i1 continuation test; ``body(block)`` fills the body and returns its
-    last block. Returns the exit block.
-    """
-    b = ir.IRBuilder(block)
-    header = b.append_basic_block(f"{name}.head")
-    body_block = b.append_basic_block(f"{name}.body")
-    exit_block = b.append_basic_block(f"{name}.exit")
-    pre = b.block
-    b.branch(header)
-    b.position_at_end(header)
-    iv = b.phi(I64, name=name)
-    iv.add_incoming(init, pre)
-
-    def run() -> ir.Block:
-        b.cbranch(cond(b, iv), body_block, exit_block)
-        end = body(body_block)
-        tail = ir.IRBuilder(end)
-        iv.add_incoming(tail.add(iv, step, name=f"{name}.next", flags=("nsw",)), end)
-        tail.branch(header)
-        return exit_block
-
-    return with_id(r, name, iv, run)
-
-
-def with_id(r: Region, name: str, value: ir.Value, emit: Callable[[], ir.Block]) -> ir.Block:
-    """Run ``emit()`` with isl iterator ``name`` bound to ``value`` (restoring any outer binding)."""
-    outer = r.ids.get(name)
-    r.ids[name] = value
-    try:
-        return emit()
-    finally:
-        if outer is None:
-            del r.ids[name]
-        else:
-            r.ids[name] = outer
-
-
-def loop_bounds(node: isl.AstNode) -> tuple[isl.AstExpr, list[tuple[isl.AstExpr, int]], int] | None:
-    """``(init, [(bound, offset)...], step)`` when the ``for`` runs ``init <= it <= min(bound + offset)``.
-
-    Recognises conditions ``it <= e``, ``it < e``, ``e >= it``, ``e > it`` and conjunctions of them (what
-    ``isl_ast_build`` produces) with a constant positive increment. None otherwise (or for a degenerate
-    loop, which has a single iteration).
-    """
-    if node.for_is_degenerate():
-        return None
-    inc = node.for_get_inc()
-    if inc.get_type() != isl.ast_expr_type.int or inc.get_val().to_python() <= 0:
-        return None
-    it = node.for_get_iterator().get_id().name
-    parts = _upper_bounds(node.for_get_cond(), it)
-    if parts is None:
-        return None
-    return node.for_get_init(), parts, inc.get_val().to_python()
-
-
-def _upper_bounds(cond: isl.AstExpr, it: str) -> list[tuple[isl.AstExpr, int]] | None:
-    if cond.get_type() != isl.ast_expr_type.op:
-        return None
-    op = cond.get_op_type()
-    if op in (_OP.and_, _OP.and_then):
-        left, right = _upper_bounds(cond.get_op_arg(0), it), _upper_bounds(cond.get_op_arg(1), it)
-        return None if left is None or right is None else left + right
-    forms = {_OP.le: (0, 0), _OP.lt: (0, -1), _OP.ge: (1, 0), _OP.gt: (1, -1)}
-    if op not in forms:
-        return None
-    side, offset = forms[op]
-    var, bound = cond.get_op_arg(side), cond.get_op_arg(1 - side)
-    if var.get_type() != isl.ast_expr_type.id or var.get_id().name != it or uses_id(bound, it):
-        return None
-    return [(bound, offset)]
-
-
-def uses_id(e: isl.AstExpr, name: str) -> bool:
-    """Whether isl AST expression ``e`` refers to identifier ``name``."""
-    t = e.get_type()
-    if t == isl.ast_expr_type.id:
-        return e.get_id().name == name
-    if t == isl.ast_expr_type.op:
-        return any(uses_id(e.get_op_arg(i), name) for i in range(e.get_op_n_arg()))
-    return False
-
-
-def emit_trip_count(r: Region, bounds, b: ir.IRBuilder) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """``(init, last, n)`` as i64 values: first iterator value, inclusive bound, iteration count (≥ 0)."""
-    init_expr, parts, step = bounds
-    init = emit_isl_expr(r.ids, init_expr, b)
-    last = None
-    for e, offset in parts:
-        value = b.add(emit_isl_expr(r.ids, e, b), ir.Constant(I64, offset))
-        last = value if last is None else _smin(b, last, value)
-    span = X.int_div_mod(b, b.sub(last, init), ir.Constant(I64, step), False, "div")
-    n = b.add(span, ir.Constant(I64, 1))
-    n = b.select(b.icmp_signed("<", n, ir.Constant(I64, 0)), ir.Constant(I64, 0), n)
-    return init, last, n
-
-
 # ---- parallel loops on the thread pool (polyc.codegen.pool) ----
 
-def emit_parallel_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
-    """A "parallel" ``for``: its iterations split into ``options.threads`` (None: ``target.cores``) chunks.
+def emit_parallel_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
+    """A "parallel" ``for``: its iterations split into ``options.threads`` chunks
+    (:func:`polyc.poly.strategy.threads`).
 
     The loop is outlined into ``i32 @<kernel>.parN.body(tensors..., i64 lo, i64 hi, live iterators...)``
     running ``for (it = lo; it <= hi; it += step)``, wrapped by the chunk function
@@ -606,7 +312,7 @@ def emit_parallel_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) 
     Falls back to :func:`emit_sequential_for` for one thread, inside another parallel loop, or when the
     loop bounds are not of the form :func:`loop_bounds` recognises.
     """
-    threads = k.options.threads or k.target.cores
+    threads = thread_count(k.options, k.target)
     bounds = loop_bounds(node)
     if threads <= 1 or r.in_parallel or bounds is None:
         return emit_sequential_for(k, r, node, block)
@@ -639,7 +345,7 @@ def emit_parallel_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) 
     # the caller: split [0, n) into T = clamp(n, 1, threads) chunks of iterations, run by the thread pool
     b = ir.IRBuilder(block)
     init, _, n = emit_trip_count(r, bounds, b)
-    T = _smax(b, _smin(b, n, ir.Constant(I64, threads)), ir.Constant(I64, 1))
+    T = smax(b, smin(b, n, ir.Constant(I64, threads)), ir.Constant(I64, 1))
     ctxs = r.alloca(ir.ArrayType(ctx_ty, threads), name=f"{name}.ctx")
 
     def context(blk: ir.Block) -> ir.Block:
@@ -681,74 +387,3 @@ def emit_parallel_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) 
 
 def _field(b: ir.IRBuilder, struct: ir.Type, pointer: ir.Value, i: int) -> ir.Value:
     return b.gep(pointer, [ir.Constant(I32, 0), ir.Constant(I32, i)], inbounds=True, source_etype=struct)
-
-
-# ---- isl AST expressions ----
-
-def emit_isl_expr(ids: dict[str, ir.Value], e: isl.AstExpr, b: ir.IRBuilder) -> ir.Value:
-    """An isl AST expression as an i64 value (i1 for conditions); iterators are looked up in ``ids``.
-
-    Covers every operator ``isl_ast_build`` emits: ``and and_then or or_else`` (i1; operands have no side
-    effects, so both are evaluated), ``max min minus add sub mul``, ``div`` (exact), ``fdiv_q`` (floor),
-    ``pdiv_q pdiv_r zdiv_r`` (non-negative dividend / remainder compared with 0: ``sdiv``/``srem``),
-    ``cond select`` and the comparisons ``eq le lt ge gt`` (signed); plus integers and identifiers.
-    Raises CompileError on anything else (``call``, ``access``, ``member``, ``address_of``).
-    """
-    t = e.get_type()
-    if t == isl.ast_expr_type.int:
-        return ir.Constant(I64, e.get_val().to_python())
-    if t == isl.ast_expr_type.id:
-        name = e.get_id().name
-        if name not in ids:
-            raise CompileError(f"codegen: isl AST uses {name!r}, which no enclosing loop defines")
-        return ids[name]
-    op = e.get_op_type()
-    args = [emit_isl_expr(ids, e.get_op_arg(i), b) for i in range(e.get_op_n_arg())]
-    if op in (_OP.and_, _OP.and_then):
-        return b.and_(_truth(b, args[0]), _truth(b, args[1]))
-    if op in (_OP.or_, _OP.or_else):
-        return b.or_(_truth(b, args[0]), _truth(b, args[1]))
-    if op == _OP.max:
-        return _fold(b, _smax, args)
-    if op == _OP.min:
-        return _fold(b, _smin, args)
-    if op == _OP.minus:
-        return b.sub(ir.Constant(I64, 0), args[0])
-    if op == _OP.add:
-        return b.add(args[0], args[1], flags=("nsw",))
-    if op == _OP.sub:
-        return b.sub(args[0], args[1], flags=("nsw",))
-    if op == _OP.mul:
-        return b.mul(args[0], args[1], flags=("nsw",))
-    if op in (_OP.div, _OP.pdiv_q):
-        return b.sdiv(args[0], args[1])
-    if op == _OP.fdiv_q:
-        return X.int_div_mod(b, args[0], args[1], False, "div")
-    if op in (_OP.pdiv_r, _OP.zdiv_r):
-        return b.srem(args[0], args[1])
-    if op in (_OP.cond, _OP.select):
-        return b.select(_truth(b, args[0]), args[1], args[2])
-    compare = {_OP.eq: "==", _OP.le: "<=", _OP.lt: "<", _OP.ge: ">=", _OP.gt: ">"}
-    if op in compare:
-        return b.icmp_signed(compare[op], args[0], args[1])
-    raise CompileError(f"codegen: unsupported isl AST operator {op}")
-
-
-def _truth(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    """An i1 condition: comparisons already are; an i64 is ``!= 0`` (C's truth)."""
-    return v if v.type == I1 else b.icmp_signed("!=", v, ir.Constant(v.type, 0))
-
-
-def _fold(b: ir.IRBuilder, f, args: list[ir.Value]) -> ir.Value:
-    result = args[0]
-    for a in args[1:]:
-        result = f(b, result, a)
-    return result
-
-
-def _smax(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    return b.select(b.icmp_signed(">", x, y), x, y)
-
-
-def _smin(b: ir.IRBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
-    return b.select(b.icmp_signed("<", x, y), x, y)

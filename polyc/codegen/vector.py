@@ -26,9 +26,11 @@ import islpy as isl
 from llvmlite import ir
 
 from ..lang import ast as L
+from ..poly.scop import identity_value
 from . import expr as X
-from .llvm import (SUM_BLOCK, Kernel, Region, compensated, emit_isl_expr, emit_loop, emit_node,
-                   emit_sequential_for, emit_trip_count, fold_sum, loop_bounds, uses_id, with_id)
+from .region import (KernelEmitter, Region, coefficient, emit_isl_expr, emit_loop, emit_trip_count, emit_user,
+                     loop_bounds, user_nodes, walk, with_id)
+from .sums import compensated, fold_sum
 
 I64 = X.I64
 _OP = isl.ast_expr_op_type
@@ -37,23 +39,22 @@ _BITS = {"bool": 8, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "float16":
          "int64": 64, "uint64": 64, "float32": 32, "float64": 64}
 
 
-def emit_vector_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
+def emit_vector_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block | None:
     """Emit a "vector"-marked ``for`` as a vector main loop and a scalar remainder (see the module doc).
 
-    Returns the block after both loops; falls back to a sequential loop when the body cannot be
-    vectorized.
+    Returns the block after both loops, or None when the body cannot be vectorized (the caller emits a
+    sequential loop instead).
     """
     plan = vector_plan(k, node)
     if plan is None:
         reduction = reduction_plan(k, node)
         if reduction is not None:
             return emit_vector_reduction(k, r, node, block, *reduction)
-        return emit_sequential_for(k, r, node, block)
+        return None
     lanes, strides = plan
     bounds = loop_bounds(node)
     it = node.for_get_iterator().get_id().name
-    body = node.for_get_body()
-    users = _user_nodes(body)
+    users = user_nodes(node.for_get_body())
 
     b = ir.IRBuilder(block)
     init, last, n = emit_trip_count(r, bounds, b)
@@ -81,16 +82,23 @@ def emit_vector_for(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block) ->
                           ir.Constant(I64, width), vector_body(width))
         start, width = stop, width // 2
     return emit_loop(r, after, it, start, lambda bb, iv: bb.icmp_signed("<=", iv, last),
-                     ir.Constant(I64, 1), lambda blk: emit_node(k, r, body, blk))
+                     ir.Constant(I64, 1), lambda blk: _emit_scalar(k, r, users, blk))
 
 
-def vector_plan(k: Kernel, node: isl.AstNode) -> tuple[int, dict[str, dict[str, int]]] | None:
+def _emit_scalar(k: KernelEmitter, r: Region, users: list[isl.AstNode], block: ir.Block) -> ir.Block:
+    """The statement calls ``users`` of one iteration, scalar (the remainder of a vector loop)."""
+    for user in users:
+        block = emit_user(k, r, user, block)
+    return block
+
+
+def vector_plan(k: KernelEmitter, node: isl.AstNode) -> tuple[int, dict[str, dict[str, int]]] | None:
     """``(lanes, {statement: {index: stride}})`` if the marked loop can be vectorized, else None."""
     bounds = loop_bounds(node)
     if bounds is None or bounds[2] != 1:
         return None
     it = node.for_get_iterator().get_id().name
-    users = _user_nodes(node.for_get_body())
+    users = user_nodes(node.for_get_body())
     if not users:
         return None
     strides: dict[str, dict[str, int]] = {}
@@ -103,7 +111,7 @@ def vector_plan(k: Kernel, node: isl.AstNode) -> tuple[int, dict[str, dict[str, 
             return None
         per_index = {}
         for n, index in enumerate(stmt.indices):
-            c = _coefficient(call.get_op_arg(n + 1), it)
+            c = coefficient(call.get_op_arg(n + 1), it)
             if c is None:
                 return None
             per_index[index] = c
@@ -115,7 +123,7 @@ def vector_plan(k: Kernel, node: isl.AstNode) -> tuple[int, dict[str, dict[str, 
     return (lanes, strides) if lanes > 1 else None
 
 
-def _statement_ok(k: Kernel, stmt, strides: dict[str, int], dtypes: set[str]) -> bool:
+def _statement_ok(k: KernelEmitter, stmt, strides: dict[str, int], dtypes: set[str]) -> bool:
     """Whether ``stmt`` vectorizes with these index strides: stride-1 write, stride 0/1 reads, no gathers."""
     scop = k.scop
     write_stride = X.flat_stride(scop, stmt.tensor, [L.Ident(i, dtype="int32", kind="index") for i in stmt.lhs],
@@ -123,7 +131,7 @@ def _statement_ok(k: Kernel, stmt, strides: dict[str, int], dtypes: set[str]) ->
     if write_stride != 1:
         return False
     dtypes.add(scop.tensor(stmt.tensor).dtype)
-    for e in _walk(stmt.rhs):
+    for e in walk(stmt.rhs):
         if e.dtype is not None:
             dtypes.add(e.dtype)
         if isinstance(e, L.Access):
@@ -136,7 +144,7 @@ def _statement_ok(k: Kernel, stmt, strides: dict[str, int], dtypes: set[str]) ->
     return True
 
 
-def _emit_vector_statement(k: Kernel, r: Region, user: isl.AstNode, lanes: int,
+def _emit_vector_statement(k: KernelEmitter, r: Region, user: isl.AstNode, lanes: int,
                            strides: dict[str, dict[str, int]], b: ir.IRBuilder) -> None:
     """One statement for ``lanes`` consecutive iterations: vector rhs, vector load/combine/store of the lhs."""
     call = user.user_get_expr()
@@ -151,59 +159,14 @@ def _emit_vector_statement(k: Kernel, r: Region, user: isl.AstNode, lanes: int,
     X.store(env, stmt.tensor, flat, X.emit_update(env, stmt.op, dtype, stmt.rhs, old, b), b)
 
 
-def _user_nodes(body: isl.AstNode) -> list[isl.AstNode] | None:
-    """The statement calls of a body that is one call or a block of calls; None for anything else."""
-    t = body.get_type()
-    if t == isl.ast_node_type.user:
-        return [body]
-    if t != isl.ast_node_type.block:
-        return None
-    children = body.block_get_children()
-    nodes = [children.get_at(i) for i in range(children.n_ast_node())]
-    return nodes if all(c.get_type() == isl.ast_node_type.user for c in nodes) else None
-
-
-def _coefficient(e: isl.AstExpr, it: str) -> int | None:
-    """The coefficient of iterator ``it`` in isl AST expression ``e``, or None if ``e`` is not affine in it."""
-    t = e.get_type()
-    if t == isl.ast_expr_type.int:
-        return 0
-    if t == isl.ast_expr_type.id:
-        return 1 if e.get_id().name == it else 0
-    if not uses_id(e, it):
-        return 0
-    op = e.get_op_type()
-    args = [e.get_op_arg(i) for i in range(e.get_op_n_arg())]
-    if op == _OP.minus:
-        c = _coefficient(args[0], it)
-        return None if c is None else -c
-    if op in (_OP.add, _OP.sub):
-        a, b = _coefficient(args[0], it), _coefficient(args[1], it)
-        if a is None or b is None:
-            return None
-        return a + b if op == _OP.add else a - b
-    if op == _OP.mul:
-        for const, other in ((args[0], args[1]), (args[1], args[0])):
-            if const.get_type() == isl.ast_expr_type.int:
-                c = _coefficient(other, it)
-                return None if c is None else const.get_val().to_python() * c
-    return None
-
-
-def _walk(e: L.Expr):
-    yield e
-    for child in X.children(e):
-        yield from _walk(child)
-
-
 # ---- reductions along the vector loop ----
 
-def reduction_plan(k: Kernel, node: isl.AstNode):
+def reduction_plan(k: KernelEmitter, node: isl.AstNode):
     """``(lanes, strides, user)`` when the marked loop is one reduction statement (``+= *= max= min=``)
     whose element stays put along the loop (write stride 0) and whose reads are vectorizable and do not
     read the reduced tensor; else None."""
     bounds = loop_bounds(node)
-    users = _user_nodes(node.for_get_body())
+    users = user_nodes(node.for_get_body())
     if bounds is None or bounds[2] != 1 or not users or len(users) != 1:
         return None
     it = node.for_get_iterator().get_id().name
@@ -213,7 +176,7 @@ def reduction_plan(k: Kernel, node: isl.AstNode):
         return None
     strides = {}
     for n, index in enumerate(stmt.indices):
-        c = _coefficient(call.get_op_arg(n + 1), it)
+        c = coefficient(call.get_op_arg(n + 1), it)
         if c is None:
             return None
         strides[index] = c
@@ -223,7 +186,7 @@ def reduction_plan(k: Kernel, node: isl.AstNode):
     if dtype == "bool" or X.flat_stride(scop, stmt.tensor, lhs, strides) != 0:
         return None
     dtypes = {dtype}
-    for e in _walk(stmt.rhs):
+    for e in walk(stmt.rhs):
         if e.dtype is not None:
             dtypes.add(e.dtype)
         if isinstance(e, L.Access):
@@ -238,13 +201,13 @@ def reduction_plan(k: Kernel, node: isl.AstNode):
 #: FMA or add (4 cycles) at two per cycle, so the loop runs at load throughput instead of add latency.
 REDUCTION_ACCUMULATORS = 4
 
-#: A compensated sum (:func:`~polyc.codegen.llvm.compensated`) along the vector loop folds its accumulators
+#: A compensated sum (:func:`~polyc.codegen.sums.compensated`) along the vector loop folds its accumulators
 #: into the element after every chunk of this many vector steps per accumulator (each of the ``U x W``
 #: partials then sums at most 32 terms: numpy's pairwise blocks sum 16 per accumulator).
 SUM_CHUNK_STEPS = 32
 
 
-def emit_vector_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block, lanes: int,
+def emit_vector_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block, lanes: int,
                           strides: dict, user: isl.AstNode) -> ir.Block:
     """A reduction along the loop with ``U x lanes`` partial results in ``U`` vector registers
     (``U`` = :data:`REDUCTION_ACCUMULATORS`, ``W`` = ``lanes``, ``C`` = :data:`SUM_CHUNK_STEPS`)::
@@ -262,10 +225,8 @@ def emit_vector_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Blo
 
     The partial sums are combined in a different order than the sequential loop (reassociation: float
     sums differ in the last bits, as numpy's pairwise sums do). A compensated sum (a long float ``+=``)
-    adds each chunk's partial to the element with :func:`~polyc.codegen.llvm.fold_sum`, so its error does
+    adds each chunk's partial to the element with :func:`~polyc.codegen.sums.fold_sum`, so its error does
     not grow with the length of the loop nor with the number of tiles that fold into the element."""
-    from ..poly.build import identity_value
-
     call = user.user_get_expr()
     stmt = k.statements[call.get_op_arg(0).get_id().name]
     dtype = k.scop.tensor(stmt.tensor).dtype
@@ -369,82 +330,3 @@ def emit_vector_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Blo
     bb = ir.IRBuilder(after)
     with_id(r, it, init, lambda: store(bb, bb.load(value, typ=value_type)))
     return bb.block
-
-
-# ---- scalar reductions into one element ----
-
-def blocked_reduction_plan(k: Kernel, node: isl.AstNode):
-    """The user node of a loop that is one compensated sum (:func:`~polyc.codegen.llvm.compensated`) into
-    an element that stays put along the loop, not reading the reduced tensor; else None."""
-    bounds = loop_bounds(node)
-    users = _user_nodes(node.for_get_body())
-    if bounds is None or not users or len(users) != 1:
-        return None
-    it = node.for_get_iterator().get_id().name
-    call = users[0].user_get_expr()
-    stmt = k.statements.get(call.get_op_arg(0).get_id().name)
-    if stmt is None or call.get_op_n_arg() - 1 != len(stmt.indices) or not compensated(k, stmt):
-        return None
-    strides = {}
-    for n, index in enumerate(stmt.indices):
-        c = _coefficient(call.get_op_arg(n + 1), it)
-        if c is None:
-            return None
-        strides[index] = c
-    lhs = [L.Ident(i, dtype="int32", kind="index") for i in stmt.lhs]
-    if X.flat_stride(k.scop, stmt.tensor, lhs, strides) != 0:
-        return None
-    if any(isinstance(e, L.Access) and e.tensor == stmt.tensor for e in _walk(stmt.rhs)):
-        return None
-    return users[0]
-
-
-def emit_blocked_reduction(k: Kernel, r: Region, node: isl.AstNode, block: ir.Block,
-                           user: isl.AstNode) -> ir.Block:
-    """A scalar sum into one element (:func:`blocked_reduction_plan`) in blocks of at most
-    :data:`~polyc.codegen.llvm.SUM_BLOCK` iterations, each summed in a register and added with
-    :func:`~polyc.codegen.llvm.fold_sum`::
-
-        for (cb = lo; cb <= hi; cb += B * step) {
-            p = 0
-            for (c = cb; c <= min(hi, cb + (B - 1) * step); c += step)   p += rhs(c)
-            fold_sum(T[...], p)
-        }
-
-    The error is that of a sum of ``B`` terms plus about one rounding, instead of growing with the loop."""
-    call = user.user_get_expr()
-    stmt = k.statements[call.get_op_arg(0).get_id().name]
-    dtype = k.scop.tensor(stmt.tensor).dtype
-    ty = X.llvm_type(dtype)
-    it = node.for_get_iterator().get_id().name
-    b = ir.IRBuilder(block)
-    bounds = loop_bounds(node)
-    init, last, _ = emit_trip_count(r, bounds, b)
-    step = ir.Constant(I64, bounds[2])
-    value = r.alloca(ty, "partial")
-    # the element's indices do not move along the loop: its flat index at the first iteration
-    indices = with_id(r, it, init, lambda: {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), b)
-                                            for n, i in enumerate(stmt.indices)})
-    flat = X.flat_index(X.Env(k.module, k.scop, r.tensors, indices, r.fail), stmt.tensor,
-                        [indices[i] for i in stmt.lhs], b)
-
-    def term(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
-        indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
-        env = k.env(r, indices, stmt)
-        bb.store(X.emit_update(env, "+=", dtype, stmt.rhs, bb.load(value, typ=ty), bb), value)
-        return bb.block
-
-    def blocked(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
-        start = r.ids[f"{it}.block"]
-        stop = bb.add(start, ir.Constant(I64, (SUM_BLOCK - 1) * bounds[2]))
-        stop = bb.select(bb.icmp_signed("<", last, stop), last, stop)
-        bb.store(ir.Constant(ty, 0.0), value)
-        after = emit_loop(r, bb.block, it, start, lambda bx, iv: bx.icmp_signed("<=", iv, stop), step, term)
-        bb = ir.IRBuilder(after)
-        fold_sum(k, r, stmt.tensor, flat, bb.load(value, typ=ty), bb)
-        return bb.block
-
-    return emit_loop(r, b.block, f"{it}.block", init, lambda bb, iv: bb.icmp_signed("<=", iv, last),
-                     ir.Constant(I64, SUM_BLOCK * bounds[2]), blocked)

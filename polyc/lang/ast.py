@@ -29,19 +29,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
+import numpy as np
+
 from ..errors import Span
 
 #: The dtypes of the language, numpy spelling.
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "bfloat16",
           "float32", "float64")
 
-#: Bytes per element of each dtype as stored in memory (``bool`` takes one byte).
-ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2, "int32": 4,
-            "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8}
-
 #: The storage types: 2-byte floats whose values compute as float32 (IEEE binary16; bfloat16 is the top half
 #: of a float32). numpy has float16; bfloat16 arrays are ``ml_dtypes.bfloat16``.
 STORAGE_DTYPES = ("float16", "bfloat16")
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes of one element of ``dtype`` in memory — the one dtype-size table of polyc is numpy's
+    (``np.dtype(dtype).itemsize``: ``bool`` takes one byte); the storage types take 2."""
+    return 2 if dtype in STORAGE_DTYPES else np.dtype(dtype).itemsize
 
 #: Source spellings of types → canonical dtype.
 TYPE_NAMES = {**{d: d for d in DTYPES}, "float": "float32", "double": "float64", "half": "float16"}
@@ -164,6 +168,30 @@ class Cast:
 
 
 Expr = Union[Const, Ident, Access, Unary, Binary, Select, Call, Cast]
+
+
+def children(e: Expr) -> tuple:
+    """The direct sub-expressions of an expression node, left to right (the one definition every walker
+    over expressions uses)."""
+    if isinstance(e, (Access, Call)):
+        return e.args
+    if isinstance(e, (Unary, Cast)):
+        return (e.operand,)
+    if isinstance(e, Binary):
+        return (e.lhs, e.rhs)
+    if isinstance(e, Select):
+        return (e.cond, e.then, e.other)
+    return ()
+
+
+def walk(e: Expr):
+    """``e`` and every expression inside it, pre-order, left to right; iterative, so a deep tree (the parser
+    allows thousands of levels) cannot exhaust Python's stack."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(children(node)))
 
 
 @dataclass(frozen=True)

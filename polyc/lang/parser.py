@@ -65,17 +65,8 @@ def parse(source: str, filename: str = "<source>") -> A.Program:
                          hint="split the expression with where-clause bindings or temporaries") from None
 
 
-def expr_children(e: A.Expr) -> tuple:
-    """The direct sub-expressions of an expression node."""
-    if isinstance(e, (A.Access, A.Call)):
-        return e.args
-    if isinstance(e, (A.Unary, A.Cast)):
-        return (e.operand,)
-    if isinstance(e, A.Binary):
-        return (e.lhs, e.rhs)
-    if isinstance(e, A.Select):
-        return (e.cond, e.then, e.other)
-    return ()
+#: The direct sub-expressions of a node (:func:`polyc.lang.ast.children`).
+expr_children = A.children
 
 
 def expr_depth(e: A.Expr) -> int:

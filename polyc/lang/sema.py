@@ -496,11 +496,6 @@ def kind(dtype: str) -> str:
     return "f" if dtype in A.STORAGE_DTYPES else np.dtype(dtype).kind
 
 
-def itemsize(dtype: str) -> int:
-    """Bytes of one element of ``dtype`` in memory (numpy's; bool is 1, the storage types 2)."""
-    return 2 if dtype in A.STORAGE_DTYPES else np.dtype(dtype).itemsize
-
-
 def numpy_dtype(dtype: str) -> np.dtype:
     """The numpy dtype of arrays of ``dtype``: ``ml_dtypes.bfloat16`` for bfloat16 (numpy has none).
 
@@ -520,7 +515,7 @@ def computes_in(dtype: str) -> str:
     return "float32" if dtype in A.STORAGE_DTYPES else dtype
 
 
-def promote(a: str, b: str) -> str:
+def promote_types(a: str, b: str) -> str:
     """numpy's promotion, except that an integer with a float gives the float type (a storage type with
     anything else promotes as float32)."""
     if a == b:
@@ -543,7 +538,7 @@ def widens(src: str, dst: str) -> bool:
     if src in A.STORAGE_DTYPES and dst in A.STORAGE_DTYPES:
         return False  # float16 has the precision, bfloat16 the range
     ks, kd = kind(src), kind(dst)
-    size_s, size_d = itemsize(src), itemsize(dst)
+    size_s, size_d = A.itemsize(src), A.itemsize(dst)
     if ks == "f":
         return kd == "f" and size_d >= size_s
     if kd == "f":
@@ -602,11 +597,11 @@ def unify(exprs: list) -> str:
     """The common dtype of typed operands, with the weak-literal rule."""
     strong = [e.dtype for e in exprs if not is_weak(e)]
     if not strong:
-        return reduce(promote, [e.dtype for e in exprs])
-    target = reduce(promote, strong)
+        return reduce(promote_types, [e.dtype for e in exprs])
+    target = reduce(promote_types, strong)
     for e in exprs:
         if is_weak(e) and not can_adopt(e, target):
-            target = promote(e.dtype, target)
+            target = promote_types(e.dtype, target)
     return target
 
 

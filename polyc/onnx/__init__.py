@@ -5,8 +5,10 @@
     >>> probs, = model.run({"data": x})
 
 The stages live in their own modules: ``load`` (checker, shape inference), ``graph`` (networkx IR),
-``passes``, ``validate`` (shapes and sizes checked at compile time, naming the node), ``fusion``, ``lower`` / ``ops`` (group -> TC text; one converter module per op family), ``memory`` (arena),
-``executor`` and ``api``; ``backend`` adapts it to ``onnx.backend.base.Backend``.
+``passes`` (with ``control``, ``sequences`` and ``folding``), ``validate`` (shapes and sizes checked at compile
+time, naming the node), ``fusion``, ``lower`` / ``builder`` / ``ops`` (group -> TC text; one converter module
+per op family), ``memory`` (arena), ``steps`` (the compiled program), ``executor`` / ``native`` and ``api``;
+``backend`` adapts it to ``onnx.backend.base.Backend``.
 """
 from . import backend
 from .api import CompiledModel, compile, compile_kernels

@@ -20,17 +20,20 @@ import time
 from typing import Mapping, Sequence
 
 import numpy as np
+from onnx.defs import onnx_opset_version
 
 from .. import kernel as _kernel
 from ..errors import CompileError, PolycError, ShapeError, UnsupportedError
 from ..options import Options
-from .executor import Program, PythonExecutor, Step, make_executor, scratch_name
+from .executor import PythonExecutor, make_executor
 from .fusion import fusion_groups, groups_summary
 from .graph import TensorInfo, from_model
 from .load import ModelLike, feed_initializers, load_model, overridable_initializers, read_model
 from .lower import check_supported, lower_groups
 from .memory import plan_memory
+from .ops import CONSTANT_INPUTS
 from .passes import simplify
+from .steps import Program, Step, scratch_name
 from .strings import STRING, as_strings, split_strings
 from .validate import check_shapes, check_sizes, too_large
 
@@ -329,10 +332,6 @@ def needs_constant(model) -> set:
     (a Reshape's shape, Slice's starts, pads, axes ... :data:`~polyc.onnx.ops.CONSTANT_INPUTS`) and, going
     back through the nodes that compute them, their sources (a Shape or Size node needs only its input's
     shape, not its value)."""
-    from onnx.defs import onnx_opset_version
-
-    from .ops import CONSTANT_INPUTS
-
     opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), onnx_opset_version())
     needed = set()
     for node in reversed(model.graph.node):

@@ -18,6 +18,7 @@ from onnx.backend.base import Backend, BackendRep
 from ..errors import UnsupportedError
 from .api import CompiledModel, compile as _compile, needs_constant
 from .load import check_tensor_types, read_model
+from .testing import one_node_model
 
 
 def _graph_input_names(model: onnx.ModelProto) -> list:
@@ -132,8 +133,6 @@ class PolycBackend(Backend):
     @classmethod
     def run_node(cls, node, inputs, device: str = "CPU", outputs_info=None, **kwargs):
         """Run one NodeProto on numpy ``inputs`` (by building a one-node model)."""
-        from .testing import one_node_model
-
         names = [n for n in node.input if n]
         feeds = {n: np.asarray(a) for n, a in zip(names, inputs)}
         model = one_node_model(node, feeds, opset=kwargs.get("opset_version"))

@@ -14,7 +14,7 @@
 
 Inlined nodes get fresh tensor names (``<node>/<name>``) and ids, so nothing clashes; a body's outer-scope
 references keep their names, and nested subgraphs are copied with their free names renamed the same way.
-Conditions and trip counts computed from constants are folded first (:func:`polyc.onnx.passes.fold_constants`).
+Conditions and trip counts computed from constants are folded first (:func:`polyc.onnx.folding.fold_constants`).
 Anything else (a data-dependent ``If`` condition, a ``Loop`` whose trip count or condition is not a
 compile-time constant, Scan's ``sequence_lens``) raises :class:`~polyc.errors.UnsupportedError` naming the node.
 Semantics: the ONNX spec, operators If (1, 11, 13, 16, 19, 21), Loop (1, 11, 13, 16, 19, 21), Scan (8, 9, 11, 16,
@@ -30,6 +30,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import ShapeError, UnsupportedError
+from .folding import evaluate_node, fold_constants
 from .graph import TensorInfo, _attr_value, connect, copy_graph, remove_op, set_constant, to_model, topo_order
 from .load import ModelError, infer_shapes
 from .ops.rnn import KNOWN_ATTRS, RECURRENT, Emitter, expand_recurrent
@@ -58,8 +59,6 @@ def lower_control_flow(g: nx.DiGraph) -> nx.DiGraph:
     """
     if not any(d["op"] in CONTROL for _, d in g.nodes(data=True)):
         return g
-    from .passes import fold_constants  # passes imports this module
-
     g = copy_graph(g)
     folded = False
     while True:
@@ -248,8 +247,6 @@ MAX_UNROLL = 4096
 def _constant_value(g: nx.DiGraph, name: str, memo: dict):
     """The compile-time value of tensor ``name`` (evaluating its producers whose inputs are all known with
     onnx's reference evaluator), or None when it depends on a graph input."""
-    from .passes import evaluate_node  # passes imports this module
-
     if name in g.graph["constants"]:
         return g.graph["constants"][name]
     if name in memo:

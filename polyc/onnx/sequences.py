@@ -40,7 +40,10 @@ import numpy as np
 import onnx
 
 from ..errors import ShapeError, UnsupportedError
+from .control import CONTROL, _constant_value, _inline, _refresh_shapes, lower_control_flow
+from .folding import refresh_shapes
 from .graph import TensorInfo, connect, copy_graph, remove_op, set_constant, topo_order
+from .ops.rnn import Emitter
 
 #: Ops this pass removes (an ``Identity`` of a sequence or optional is removed too).
 SEQUENCE_OPS = ("SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase", "SequenceAt",
@@ -93,8 +96,6 @@ def lower_sequences(g: nx.DiGraph) -> nx.DiGraph:
     """
     if not any(_uses_sequences(d) for _, d in g.nodes(data=True)):
         return g
-    from .control import CONTROL, _constant_value, lower_control_flow  # control imports passes lazily
-
     g = copy_graph(g)
     values: dict = {}  # tensor name -> Seq | Opt
     memo: dict = {}
@@ -105,7 +106,7 @@ def lower_sequences(g: nx.DiGraph) -> nx.DiGraph:
         if nid is None:
             break
         if g.nodes[nid]["op"] in CONTROL:  # its trip count or condition may come from a sequence op above
-            g = _unroll_one(g, nid, CONTROL, lower_control_flow)
+            g = _unroll_one(g, nid)
             continue
         d = g.nodes[nid]
         unknown = sorted(set(d["attrs"]) - KNOWN_ATTRS.get(d["op"], set()))
@@ -149,11 +150,11 @@ def _uses_sequences(d: dict) -> bool:
     return False
 
 
-def _unroll_one(g: nx.DiGraph, nid: str, control: tuple, lower_control_flow) -> nx.DiGraph:
+def _unroll_one(g: nx.DiGraph, nid: str) -> nx.DiGraph:
     """``g`` with control node ``nid`` inlined or unrolled by :func:`polyc.onnx.control.lower_control_flow`,
     the other control nodes left for later (hidden from it under a private domain meanwhile): their trip
     counts and conditions may be sequence lengths not resolved yet."""
-    hidden = {n: (d["op"], d.get("domain", "")) for n, d in g.nodes(data=True) if d["op"] in control and n != nid}
+    hidden = {n: (d["op"], d.get("domain", "")) for n, d in g.nodes(data=True) if d["op"] in CONTROL and n != nid}
     for n in hidden:
         g.nodes[n]["op"], g.nodes[n]["domain"] = "Later", "polyc.sequences"
     try:
@@ -229,8 +230,6 @@ def _known(g: nx.DiGraph, nid: str, names) -> list:
     alone (without the sequence ops still below) gives their shapes."""
     if all(_info(g, t) is not None for t in names):
         return [_info(g, t) for t in names]
-    from .passes import refresh_shapes  # passes imports this module
-
     above = set()
     for t in names:
         p = g.graph["producer"].get(t)
@@ -476,9 +475,6 @@ def split_to_sequence(g, nid, d, values, const) -> None:
 def sequence_map(g, nid, d, values, const) -> None:
     """SequenceMap (ONNX spec, opset 17): ``body`` applied to the i-th element of every sequence input
     (tensor inputs passed whole) for each position i; each body output makes one output sequence."""
-    from .control import _inline, _refresh_shapes
-    from .ops.rnn import Emitter
-
     body = d["attrs"]["body"]
     ins = list(d["inputs"])
     first = _seq(nid, d, values, 0)

@@ -225,21 +225,8 @@ def index_names(expr: L.Expr) -> list[str]:
     return found
 
 
-def children(e: L.Expr) -> tuple:
-    """The sub-expressions of a lang expression node."""
-    if isinstance(e, L.Access):
-        return e.args
-    if isinstance(e, L.Unary):
-        return (e.operand,)
-    if isinstance(e, L.Binary):
-        return (e.lhs, e.rhs)
-    if isinstance(e, L.Select):
-        return (e.cond, e.then, e.other)
-    if isinstance(e, L.Call):
-        return e.args
-    if isinstance(e, L.Cast):
-        return (e.operand,)
-    return ()
+#: The sub-expressions of a lang expression node (:func:`polyc.lang.ast.children`).
+children = L.children
 
 
 def with_children(e: L.Expr, new: tuple) -> L.Expr:

@@ -30,24 +30,7 @@ from ..lang import ast as L
 from ..lang.printer import format_expr
 from .affine import (affine_text, children, constant_value, element_stride, guard_text, index_names, isl_name,
                      accesses_in, with_children)
-from .scop import PolyStatement, Scop, Tensor
-
-#: The identity of each reduction operator, by dtype kind (float / signed int / unsigned int / bool).
-_IDENTITY = {"+=": 0, "*=": 1}
-
-
-def identity_value(op: str, dtype: str):
-    """The identity element of reduction ``op`` (``+=``, ``*=``, ``max=``, ``min=``) for ``dtype``."""
-    import numpy as np
-
-    if op in _IDENTITY:
-        return float(_IDENTITY[op]) if dtype.startswith("float") else _IDENTITY[op]
-    if dtype.startswith("float"):
-        return float("-inf") if op == "max=" else float("inf")
-    if dtype == "bool":
-        return op == "min="
-    info = np.iinfo(dtype)
-    return int(info.min) if op == "max=" else int(info.max)
+from .scop import PolyStatement, Scop, Tensor, identity_value
 
 
 def reduction_order(cs: L.CheckedStatement, checked: L.CheckedDef, shapes: dict, sizes: dict) -> tuple[str, ...]:
@@ -61,7 +44,7 @@ def reduction_order(cs: L.CheckedStatement, checked: L.CheckedDef, shapes: dict,
 
     def jump(index):
         return max((abs(element_stride(r.args, shapes[r.tensor], index, cs.indices, sizes) or 0)
-                    * L.ITEMSIZE[checked.tensor(r.tensor).dtype] for r in known), default=0)
+                    * L.itemsize(checked.tensor(r.tensor).dtype) for r in known), default=0)
     return tuple(sorted(cs.reduction_indices, key=jump, reverse=True))
 
 

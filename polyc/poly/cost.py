@@ -5,22 +5,25 @@ visual performance model for multicore architectures", CACM 2009): a kernel cann
 ``max(flops / peak FLOP/s, bytes / memory bandwidth)``. Benchmarks divide that bound by the measured time to
 say how far a kernel is from its roofline (``scripts/bench_models.py``, ``scripts/bench_kernels.py``).
 
-Counts come from the Scop: each statement's instances are counted exactly by isl (``isl_set_count_val``
-on its iteration domain), its operations from the right-hand side's value expression.
+Counts come from the Scop through :mod:`polyc.poly.analysis`: each statement's instances are counted
+exactly by isl (``isl_set_count_val`` on its iteration domain), its operations from the right-hand side's
+value expression (:func:`~polyc.poly.analysis.flops`, whose docstring gives the counting rules), the bytes
+from the elements the access relations touch (:func:`~polyc.poly.analysis.footprint`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..lang import ast as L
+from . import analysis
 from .scop import Scop
 
 
 @dataclass(frozen=True)
 class Cost:
-    """A kernel's work: ``flops`` (arithmetic operations of its statements' values, an FMA counting 2, as
-    GFLOP/s figures do) and ``bytes`` (every input read once and every output written once: the traffic no
-    schedule can avoid; temporaries are not counted)."""
+    """A kernel's work: ``flops`` (floating-point operations of its statements' values, an FMA counting 2,
+    as GFLOP/s figures do) and ``bytes`` (every element of an input or output the kernel touches moved once:
+    the traffic no schedule can avoid; temporaries are not counted)."""
 
     flops: int
     bytes: int
@@ -35,41 +38,16 @@ class Cost:
 
 
 def value_operations(expr: L.Expr) -> int:
-    """Arithmetic operations in the value of ``expr``: each unary/binary operator and builtin call counts
-    one; index expressions inside accesses (address arithmetic) and casts count none."""
-    if isinstance(expr, L.Access):
-        return 0
-    if isinstance(expr, L.Unary):
-        return 1 + value_operations(expr.operand)
-    if isinstance(expr, L.Binary):
-        return 1 + value_operations(expr.lhs) + value_operations(expr.rhs)
-    if isinstance(expr, L.Select):
-        return value_operations(expr.cond) + max(value_operations(expr.then), value_operations(expr.other))
-    if isinstance(expr, L.Call):
-        return 1 + sum(value_operations(a) for a in expr.args)
-    if isinstance(expr, L.Cast):
-        return value_operations(expr.operand)
-    return 0
+    """Operations in the value of ``expr`` (FLOPs and integer operations together), by the rules of
+    :func:`polyc.poly.analysis.value_ops`: each arithmetic operator, comparison and builtin call counts one
+    (``fma`` two), a repeated subexpression once; index expressions inside accesses (address arithmetic),
+    selects and casts count none."""
+    return sum(analysis.value_ops(expr))
 
 
 def cost(scop: Scop) -> Cost:
-    """The :class:`Cost` of ``scop`` (a Scop of concrete sizes: its domains have no parameters).
-
-    A statement ``T(...) op= rhs`` with ``n`` instances does ``n * (value_operations(rhs) + 1)`` operations
-    for a reduction (``+=``, ``*=``, ``max=``, ``min=``: the combination counts one) and
-    ``n * value_operations(rhs)`` otherwise (an initialisation does none).
-    """
-    flops = 0
-    for s in scop.statements:
-        if s.op == "init":
-            continue
-        instances = int(s.domain.count_val().to_python())
-        flops += instances * (value_operations(s.rhs) + (s.op != "="))
-    traffic = 0
-    for t in scop.tensors:
-        if t.role in ("input", "output"):
-            n = 1
-            for extent in t.shape:
-                n *= extent
-            traffic += n * L.ITEMSIZE[t.dtype]
-    return Cost(flops, traffic)
+    """The :class:`Cost` of ``scop`` (a Scop of concrete sizes: its domains have no parameters):
+    ``flops`` is :func:`polyc.poly.analysis.flops` (per statement, instances × the FLOPs of its value plus
+    one for a reduction's update; an initialisation does none), ``bytes`` the compulsory traffic of
+    :func:`polyc.poly.analysis.footprint` (each touched element of an input or output once)."""
+    return Cost(analysis.flops(scop), analysis.footprint(scop).traffic)

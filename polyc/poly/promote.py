@@ -30,19 +30,19 @@ from ..lang import ast as L
 from ..options import Options
 from .affine import affine_text, isl_name
 from .scop import PolyStatement, Scop, Tensor
-from .strategy import PARALLEL_MIN_WORK, Packing, mark_parallel, sole_read, threads, work
+from .strategy import Packing, mark_parallel, runs_parallel, sole_read
 from .transforms import band_split, insert_mark
 
 
 def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], target,
             options: Options, constants: frozenset = frozenset()) -> tuple[Scop, isl.Schedule]:
-    """Carry out ``packings`` (from :func:`~polyc.poly.strategy.optimize`): returns the promoted Scop (local
+    """Carry out ``packings`` (from :func:`~polyc.poly.strategy.apply_strategy`): returns the promoted Scop (local
     tensors appended after the kernel's arguments, copy statements, rewritten reads) and the schedule with the
     copies in sequence before ``schedule``. A packed input named in ``constants`` that has no other read
     arrives packed instead (see the module docstring). Without packings both come back unchanged."""
     if not packings:
         return scop, schedule
-    parallel = options.parallel and threads(options, target) > 1 and work(scop) >= PARALLEL_MIN_WORK
+    parallel = runs_parallel(scop, options, target)
     tensors, statements = list(scop.tensors), list(scop.statements)
     copies = []
     for k, packing in enumerate(packings):

@@ -225,6 +225,13 @@ def read_after_read(scop: Scop, deps: Dependences) -> isl.UnionMap:
     return result.coalesce()
 
 
+def tree_text(schedule: isl.Schedule) -> str:
+    """A schedule tree in isl's block YAML (one node field per line, children indented), so two trees
+    diff line by line; ``isl.Schedule.read_from_str`` reads it back."""
+    printer = isl.Printer.to_str(schedule.get_ctx()).set_yaml_style(isl.yaml_style.BLOCK)
+    return printer.print_schedule(schedule).get_str()
+
+
 def identity_schedule(scop: Scop) -> isl.Schedule:
     """The source order as a schedule tree: a sequence of the statements, each with a band over its indices.
 

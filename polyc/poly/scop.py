@@ -6,7 +6,7 @@ specialised: every set and map below is parameter-free (``{ S1[m, n, k] : 0 <= m
 A statement ``C(m,n) +=! A(m,k) * B(k,n)`` becomes two statements:
 
 - ``S0`` (op ``"init"``): ``{ S0[m, n] : 0 <= m < M and 0 <= n < N }`` writes ``{ S0[m, n] -> C[m, n] }`` with
-  the reduction's identity (``rhs`` is a typed :class:`~polyc.lang.ast.Const`);
+  the reduction's identity (:func:`identity_value`; ``rhs`` is a typed :class:`~polyc.lang.ast.Const`);
 - ``S1`` (op ``"+="``): ``{ S1[m, n, k] : ... }`` writes ``{ S1[m, n, k] -> C[m, n] }`` and reads
   ``{ S1[m, n, k] -> C[m, n]; S1[m, n, k] -> A[m, k]; S1[m, n, k] -> B[k, n] }``.
 
@@ -20,8 +20,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import islpy as isl
+import numpy as np
 
 from ..lang import ast as L
+
+
+#: The identity of each reduction operator, by dtype kind (float / signed int / unsigned int / bool).
+_IDENTITY = {"+=": 0, "*=": 1}
+
+
+def identity_value(op: str, dtype: str):
+    """The identity element of reduction ``op`` (``+=``, ``*=``, ``max=``, ``min=``) for ``dtype``."""
+    if op in _IDENTITY:
+        return float(_IDENTITY[op]) if dtype.startswith("float") else _IDENTITY[op]
+    if dtype.startswith("float"):
+        return float("-inf") if op == "max=" else float("inf")
+    if dtype == "bool":
+        return op == "min="
+    info = np.iinfo(dtype)
+    return int(info.min) if op == "max=" else int(info.max)
 
 
 @dataclass(frozen=True, eq=False)

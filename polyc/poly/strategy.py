@@ -38,7 +38,8 @@ Every band's result is checked against the dependences it had to order (the veri
 it would break one, the band falls back to :func:`simple_band` (checked too), else stays as isl built it.
 Loop distribution (``band_sink``) first turns the ``set`` nodes below into dependence-ordered sequences:
 isl's AST generator runs a set's children in any order, which is only right while the band above orders
-their dependences (a tiled reduction and its initialisation, both in one tile, once lost that order). ``target`` is duck-typed: ``cores``, ``vector_bits``, ``l2_bytes`` (``polyc.codegen.target``).
+their dependences (a tiled reduction and its initialisation, both in one tile, once lost that order).
+``target`` is a :class:`polyc.target.Target` (cores, vector width and registers, cache sizes).
 """
 from __future__ import annotations
 
@@ -49,8 +50,10 @@ import islpy as isl
 from ..errors import CompileError
 from ..lang import ast as L
 from ..options import Options
+from ..target import Target
 from .affine import accesses_in, element_stride
 from .deps import Dependences
+from .marks import mark_name
 from .scop import PolyStatement, Scop
 from .transforms import (band_coincident, band_extents, band_permute, band_sink, band_split, band_tile, bands,
                          branches_below, dependences_at, distribute_bands, distribute_serialized, fuse_next_sibling,
@@ -61,10 +64,10 @@ from .verify import check_subtree
 MAX_READ_STRIDE = 4
 
 #: Below this many statement instances a kernel stays single-threaded (thread start-up would dominate).
-PARALLEL_MIN_WORK = 1 << 16
+PARALLEL_MIN_INSTANCES = 1 << 16
 
 
-def work(scop: Scop) -> int:
+def instance_bound(scop: Scop) -> int:
     """The number of statement instances of ``scop`` (from the inferred ranges; an upper bound)."""
     total = 0
     for s in scop.statements:
@@ -76,22 +79,27 @@ def work(scop: Scop) -> int:
     return total
 
 
-def threads(options: Options, target) -> int:
-    """The thread count: the option, else the target's cores."""
-    return options.threads or getattr(target, "cores", 1) or 1
+def threads(options: Options, target: Target) -> int:
+    """The thread count: ``options.threads`` (the pipeline resolves it before compiling,
+    :func:`polyc.pipeline.resolve_options`), else — for a direct caller — the target's cores."""
+    return options.threads or target.cores
+
+
+def runs_parallel(scop: Scop, options: Options, target: Target) -> bool:
+    """Whether the kernel's loops may be split across threads — the one place this is decided (the strategy
+    marks a loop parallel only then, promotion parallelizes its copies only then): parallel loops are on,
+    there is more than one thread, and the kernel has at least :data:`PARALLEL_MIN_INSTANCES` statement
+    instances (:func:`instance_bound`)."""
+    return options.parallel and threads(options, target) > 1 and instance_bound(scop) >= PARALLEL_MIN_INSTANCES
 
 
 def lanes(scop: Scop, target) -> int:
     """Vector lanes for the widest element type of ``scop`` on ``target``."""
-    widest = max((8 * _itemsize(t.dtype) for t in scop.tensors), default=32)
-    return max(1, getattr(target, "vector_bits", 256) // widest)
+    widest = max((8 * L.itemsize(t.dtype) for t in scop.tensors), default=32)
+    return max(1, target.vector_bits // widest)
 
 
-def _itemsize(dtype: str) -> int:
-    return L.ITEMSIZE[dtype]
-
-
-def optimize(schedule: isl.Schedule, scop: Scop, deps: Dependences, target, options: Options,
+def apply_strategy(schedule: isl.Schedule, scop: Scop, deps: Dependences, target: Target, options: Options,
              constants: frozenset = frozenset()):
     """Apply the CPU strategy to every outermost band of ``schedule``, keeping every dependence of ``deps``.
     ``constants``: input tensors whose values do not change between calls (step 6).
@@ -103,7 +111,7 @@ def optimize(schedule: isl.Schedule, scop: Scop, deps: Dependences, target, opti
     that breaks one (or a step that refuses, such as a ``band_sink`` that would break one) gives way to
     :func:`simple_band`, and that too is checked (else the band stays as isl built it).
     """
-    parallel = options.parallel and threads(options, target) > 1 and work(scop) >= PARALLEL_MIN_WORK
+    parallel = runs_parallel(scop, options, target)
     everything = deps.all
     packings = []
     i = -1
@@ -240,7 +248,7 @@ def jump_bytes(read: L.Access, indices, stmt: PolyStatement, scop: Scop) -> int:
     """The largest distance in bytes that one step of any of ``indices`` moves ``read`` (0: none affine)."""
     tensor = scop.tensor(read.tensor)
     return max((abs(element_stride(read.args, tensor.shape, i, stmt.indices, scop.sizes) or 0) for i in indices),
-               default=0) * _itemsize(tensor.dtype)
+               default=0) * L.itemsize(tensor.dtype)
 
 
 # ---- steps 2-5 ----------------------------------------------------------------------------------------
@@ -323,7 +331,7 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
         clipped.append(max(1, min(size, -(-extents[k] // step) * step)))
     if options.tile_sizes or u is None or v is None:
         return clipped
-    budget = getattr(target, "l2_bytes", 1 << 20) // 2
+    budget = target.l2_bytes // 2
     pos_v = order.index(v)
     reductions = [j for j, k in enumerate(order) if not coincident[k]]
 
@@ -407,17 +415,18 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     u, v = choose_members(node, stmt, scop) if (options.vectorize or options.register_tile) else (None, None)
     if not options.register_tile:
         u = None
-    rv = choose_reduction_member(node, stmt, scop) if v is None and options.vectorize else None
+    reduction_member = choose_reduction_member(node, stmt, scop) if v is None and options.vectorize else None
     # members of one value first: they generate no loop, so the next member's loop is the outermost one
     P = sorted((k for k in range(n) if coincident[k] and k not in (u, v)), key=lambda k: band_extents(node)[k] > 1)
-    R = [k for k in range(n) if not coincident[k] and k != rv] + ([rv] if rv is not None else [])
+    R = [k for k in range(n) if not coincident[k] and k != reduction_member] \
+        + ([reduction_member] if reduction_member is not None else [])
     stream = v is not None and u is None and bool(R) and streams_rows(node, stmt, scop, v, R)
     order = P + [k for k in (u, v) if k is not None] + R
     extents = band_extents(node)
     loops = [scop.ranges.get((stmt.name, i), (0, 1)) for i in stmt.indices if i not in stmt.lhs]
-    mr, nr = register_tile_sizes(options, lanes(scop, target), getattr(target, "vector_registers", 16),
+    mr, nr = register_tile_sizes(options, lanes(scop, target), target.vector_registers,
                                  extents[v] if v is not None else None, sum(hi - lo > 1 for lo, hi in loops))
-    itemsize = _itemsize(scop.tensor(stmt.tensor).dtype)
+    itemsize = L.itemsize(scop.tensor(stmt.tensor).dtype)
     in_band = {member_index(node, k, stmt) for k in range(n)}
     depth = 1
     for index in stmt.indices:  # reductions of the main statement in a band nested below this one
@@ -445,7 +454,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
         point = len(P)
         node = _vector_innermost(band_permute(node, list(range(point)) + list(range(point + 1, n)) + [point]),
                                  deps)
-    elif v is None and rv is not None:
+    elif v is None and reduction_member is not None:
         node = _vector_innermost(node, deps)
     elif v is not None:
         node = _point_loops(node, len(P), u is not None, len(R), mr, nr, deps)
@@ -547,7 +556,7 @@ def mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:
         # the mark names the schedule dimension it parallelizes (isl calls its loop c<depth>): where isl
         # splits the band into pieces and one piece has a single value there, the loop below in that piece
         # is another dimension, which codegen then keeps sequential
-        return insert_mark(node, f"parallel_c{depth}").parent()
+        return insert_mark(node, mark_name("parallel", depth)).parent()
     return top
 
 

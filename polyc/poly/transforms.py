@@ -9,9 +9,7 @@ import islpy as isl
 from .affine import isl_name
 from .verify import check_subtree
 
-#: Mark names understood by codegen: the ``for`` right below the mark is run in parallel / vectorised /
-#: unrolled.
-MARKS = ("parallel", "vector", "unroll")
+from .marks import MARKS  # noqa: F401  (re-exported: the mark kinds insert_mark writes)
 
 
 def band_tile(node: isl.ScheduleNode, sizes: list[int]) -> isl.ScheduleNode:

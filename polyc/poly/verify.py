@@ -17,7 +17,8 @@ from __future__ import annotations
 import islpy as isl
 
 from ..errors import CompileError
-from .deps import Dependences
+from .deps import Dependences, compute_dependences
+from .marks import parse_mark
 from .scop import Scop
 
 _T = isl.schedule_node_type
@@ -44,6 +45,22 @@ def check_schedule(schedule: isl.Schedule, scop: Scop, deps: Dependences, stage:
                            f"exactly: it schedules {schedule.get_domain()}")
     pending = deps.all.intersect_domain(scop.domain).intersect_range(scop.domain)
     check_subtree(schedule.get_root(), pending, f"{stage}: the schedule of '{scop.name}'")
+
+
+def verify_stage(stage: str, values: dict) -> None:
+    """The verifier as a hook between pipeline stages (:class:`polyc.debug.StageLogger`): after
+    ``"schedule"`` and ``"transformed"`` the tree is checked (:func:`check_schedule`) against the dependences
+    of the Scop; after ``"promoted"`` (a new Scop with copy statements) against that Scop's own dependences.
+    ``values``: stage name → value so far (``"transformed"`` is ``(tree, packings)``, ``"promoted"`` is
+    ``(scop, tree)``). Raises CompileError naming the stage."""
+    if stage == "schedule":
+        check_schedule(values["schedule"], values["scop"], values["dependences"], "schedule")
+    elif stage == "transformed":
+        check_schedule(values["transformed"][0], values["scop"], values["dependences"], "transformed")
+    elif stage == "promoted":
+        scop, tree = values["promoted"]
+        if scop is not values["scop"]:
+            check_schedule(tree, scop, compute_dependences(scop), "promoted")
 
 
 def respects(schedule: isl.Schedule, scop: Scop, deps: Dependences) -> bool:
@@ -130,11 +147,11 @@ def _check_parallel(mark: isl.ScheduleNode, pending: isl.UnionMap, where: str) -
     """A ``parallel`` mark over a band: the marked member carries none of ``pending`` once the members
     before it are equal."""
     name = mark.mark_get_id().get_name()
-    kind, _, depth = name.partition("_c")
+    kind, depth = parse_mark(name)
     band = mark.child(0)
     if kind != "parallel" or band.get_type() != _T.band or pending.is_empty():
         return
-    member = int(depth) - band.get_schedule_depth() if depth else 0
+    member = depth - band.get_schedule_depth() if depth is not None else 0
     if not 0 <= member < band.band_n_member():
         return
     mupa = band.band_get_partial_schedule()

@@ -32,9 +32,10 @@ import os
 import secrets
 import stat
 import tempfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .. import debug
+from .. import debug, env
 
 _MAGIC = b"POLYC2\n"
 _SECRET = "secret"
@@ -42,13 +43,12 @@ _SECRET = "secret"
 
 def cache_dir() -> Path | None:
     """The directory of the disk cache, or ``None`` when disabled (``POLYC_CACHE_DIR=off``)."""
-    configured = os.environ.get("POLYC_CACHE_DIR")
+    configured = env.cache_dir()
     if configured:
         if configured.lower() in ("off", "0", "none"):
             return None
         return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "polyc"
+    return Path(env.user_cache_home()) / "polyc"
 
 
 @functools.cache
@@ -63,9 +63,24 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
+@functools.cache
+def library_versions() -> tuple[str, ...]:
+    """Versions of the libraries whose output the cache holds (islpy, llvmlite; from package metadata, no
+    imports; read once per process: a lookup costs milliseconds, and every key needs it)."""
+    found = []
+    for package in ("islpy", "llvmlite"):
+        try:
+            found.append(version(package))
+        except PackageNotFoundError:
+            found.append("")
+    return tuple(found)
+
+
 def make_key(*parts) -> str:
-    """A hex sha256 key over the compiler's :func:`code_fingerprint` and the ``repr`` of ``parts``."""
+    """A hex sha256 key over the compiler's :func:`code_fingerprint`, the :func:`library_versions` and the
+    ``repr`` of ``parts``."""
     h = hashlib.sha256(code_fingerprint().encode())
+    h.update(repr(library_versions()).encode())
     for part in parts:
         h.update(repr(part).encode())
         h.update(b"\0")
@@ -143,6 +158,21 @@ def load(key: str) -> dict | None:
         return value
     except Exception as exc:  # any defect of the file means: rebuild
         debug.log(f"cache: discarding corrupt entry {path.name}: {exc}")
+        remove(key)
+        return None
+
+
+def fetch(key: str, decode, what: str):
+    """``decode(entry)`` of the entry under ``key``, or None on a miss. An entry ``decode`` cannot use (a
+    stale or foreign one: ``decode`` raises) is logged as ``what``, removed and counted as a miss, so the
+    caller rebuilds it and stores the new one (:func:`store`)."""
+    entry = load(key)
+    if entry is None:
+        return None
+    try:
+        return decode(entry)
+    except Exception as exc:  # a stale or foreign entry: rebuild it
+        debug.log(f"cache: {what} unusable ({exc}); rebuilding")
         remove(key)
         return None
 

@@ -1,7 +1,7 @@
 """Per-op converters: ONNX node -> TC statements / lazy values, chosen by opset.
 
 Each converter is a plain function ``convert(b, node) -> list[Val]`` (one Val per output) using the
-:class:`~polyc.onnx.lower.Builder` ``b``. The converters live in one module per family (:mod:`.core`:
+:class:`~polyc.onnx.builder.Builder` ``b``. The converters live in one module per family (:mod:`.core`:
 elementwise, Conv/Gemm/MatMul, pooling, normalization; :mod:`.movement`: Concat, Slice, Gather,
 Resize ...; :mod:`.reduction`: the ReduceX ops; :mod:`.indexing`: GatherElements, Scatter, ArgMax, Einsum
 ...). Each family module declares four tables, merged here:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..lower import Builder, broadcast_index, lazy, lit, tc_type
+from ..builder import Builder, broadcast_index, lazy, lit, tc_type
 from .common import attr, lowest, zero
 
 #: softmax_precision values (TensorProto element types) polyc computes in.

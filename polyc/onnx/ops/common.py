@@ -1,10 +1,10 @@
 """Helpers shared by the converter modules: affine index text, attributes, windows, the n-ary and
-reduction patterns. Everything here builds TC text through :class:`~polyc.onnx.lower.Builder`."""
+reduction patterns. Everything here builds TC text through :class:`~polyc.onnx.builder.Builder`."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..lower import Builder, broadcast_index, lazy, lit, times
+from ..builder import Builder, broadcast_index, lazy, lit, times
 
 
 def aff(terms, const: int = 0) -> str:

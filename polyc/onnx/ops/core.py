@@ -2,7 +2,7 @@
 ops are in :mod:`.reduction`).
 
 Each converter is a plain function ``convert(b, node) -> list[Val]`` (one Val per output) using the
-:class:`~polyc.onnx.lower.Builder` ``b``. :data:`CONVERTERS` maps an op to ``(since_version, function)``
+:class:`~polyc.onnx.builder.Builder` ``b``. :data:`CONVERTERS` maps an op to ``(since_version, function)``
 pairs; :func:`converter` picks the newest one not newer than the model's opset (TVM's ``_impl_vN`` idea).
 Where an attribute became an input (Squeeze/Unsqueeze/Split/Slice/Pad/Clip) one function
 reads either form by looking at ``b.opset``; where the meaning changed (Softmax's flatten-at-axis rule before
@@ -10,15 +10,12 @@ reads either form by looking at ``b.opset``; where the meaning changed (Softmax'
 """
 from __future__ import annotations
 
-import functools
-import os
-
 import numpy as np
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from ...kernel import compile_target
-from ..lower import Builder, broadcast_index, lazy, lit, rounded, times
+from ...target import host_target
+from ..builder import Builder, broadcast_index, lazy, lit, rounded, tc_type, times
 from .common import (aff, attr, fold, guard, lowest, nary, norm_axis, pads_begin, reduce, reduce_op_for,
                      reduction_dims, spatial_params, unary, window, zero)
 
@@ -53,7 +50,6 @@ def cast(b: Builder, node):
     """Cast: ``to`` as a TC conversion (``float(e)``, ``int64(e)``; to bool: ``e != 0``)."""
     x = b.input(node, 0)
     to = np.dtype(helper.tensor_dtype_to_np_dtype(attr(node, "to")))
-    from ..lower import tc_type
     if to.kind == "b":
         return [lazy(x.shape, to, lambda idx: f"({x.at(idx)} != {zero(x.dtype)})")]
     return [lazy(x.shape, to, lambda idx: f"{tc_type(to)}({x.at(idx)})")]
@@ -62,7 +58,6 @@ def cast(b: Builder, node):
 def _pow_text(terms, dtype, node):
     if np.dtype(dtype).kind == "f":
         return f"pow({terms[0]}, {terms[1]})"
-    from ..lower import tc_type
     return f"{tc_type(dtype)}(pow(double({terms[0]}), double({terms[1]})))"
 
 
@@ -154,19 +149,14 @@ CHANNELS_LAST_MIN_CHANNELS = 32
 CHANNELS_LAST_MIN_EMPTY_LANES = 0.1
 
 
-@functools.lru_cache(maxsize=8)
-def _target(cpu: str):
-    return compile_target()
-
-
 def vector_lanes(dtype: str) -> int:
     """The vector lanes of ``dtype`` on the target the kernels are compiled for (``POLYC_CPU`` or the host)."""
-    return _target(os.environ.get("POLYC_CPU", "")).lanes(np.dtype(dtype).name)
+    return host_target().lanes(np.dtype(dtype).name)
 
 
 def l2_bytes() -> int:
     """The L2 cache size of the target the kernels are compiled for, in bytes."""
-    return _target(os.environ.get("POLYC_CPU", "")).l2_bytes
+    return host_target().l2_bytes
 
 
 def channels_last(out_shape, group: int, constant_weights: bool, kernel=(), dtype="float32",

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from ..lower import Builder, lazy, lit, tc_type
-from .common import attr, norm_axis, zero
+from ..builder import Builder, lazy, lit, tc_type
+from .common import attr, norm_axis, reduce, zero
 
 
 def _wrap(i: str, extent: int) -> str:
@@ -273,7 +273,6 @@ def one_hot(b: Builder, node):
 def _arg_reduce(b: Builder, x, axes, largest: bool, last: bool):
     """(max or min over ``axes``, the first/last row-major flat position in ``axes`` reaching it), each a Val
     over the kept dims, and the mapper full index -> kept index."""
-    from .common import reduce
     m, row = reduce(b, x.shape, axes, "max=!" if largest else "min=!", x.dtype, lambda idx: x.at(idx))
     ext = [x.shape[a] for a in axes]
     strides = [int(np.prod(ext[k + 1:])) for k in range(len(ext))]

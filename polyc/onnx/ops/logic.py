@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..lower import Builder, broadcast_index, lazy, lit
+from ..builder import Builder, broadcast_index, lazy, lit
 from .common import attr, nary, unary
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..lower import Builder, lazy, lit
+from ..builder import Builder, lazy, lit
 from .common import attr, reduce, reduction_dims, reduce_op_for, zero
 
 

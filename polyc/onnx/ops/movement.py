@@ -11,7 +11,7 @@ import numpy as np
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from ..lower import Builder, lazy, lit, times
+from ..builder import Builder, lazy, lit, times
 from .common import attr, norm_axis
 
 

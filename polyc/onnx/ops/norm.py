@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..lower import Builder, broadcast_index, lazy, lit, tc_type
+from ..builder import Builder, broadcast_index, lazy, lit, tc_type
 from .common import attr, guard, norm_axis, pads_begin, reduction_dims, reduce_op_for, window, zero
 
 #: ONNX ``stash_type`` (a TensorProto element type) -> numpy dtype the statistics are computed in.

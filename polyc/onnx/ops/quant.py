@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ShapeError
-from ..lower import Builder, lazy, lit, tc_type
+from ..builder import Builder, lazy, lit, tc_type
 from .common import attr, guard, norm_axis, pads_begin, reduce, reduction_dims, spatial_params, window
 from .core import _batch_index
 

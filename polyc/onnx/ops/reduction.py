@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..lower import Builder, lazy, lit, tc_type
+from ..builder import Builder, lazy, lit, tc_type
 from .common import attr, norm_axis, reduce
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..lower import Builder, lazy, lit, tc_type
+from ..builder import Builder, lazy, lit, tc_type
 from .common import attr, unary, zero
 from .logic import _nary_simple
 

@@ -15,12 +15,16 @@ measures AVX2 code (see :data:`AVX2_CPUS`, :data:`AVX512_CPUS`).
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 
 import llvmlite.binding as llvm
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, so np.dtype("bfloat16") is its table entry)
+import numpy as np
 
-from ..errors import PolycError
+from . import env
+from .errors import PolycError
 
 #: Cache sizes assumed when /sys does not tell (bytes): a common x86 L1d, L2 and L3.
 DEFAULT_CACHES = {1: 32 * 1024, 2: 512 * 1024, 3: 8 * 1024 * 1024}
@@ -32,10 +36,6 @@ _CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
 AVX2_CPUS = ("x86-64-v3", "haswell", "broadwell", "skylake", "alderlake", "znver1", "znver2", "znver3")
 AVX512_CPUS = ("x86-64-v4", "skylake-avx512", "cascadelake", "icelake-server", "sapphirerapids", "znver4",
                "znver5")
-
-_DTYPE_BITS = {"bool": 8, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "float16": 16, "bfloat16": 16,
-               "int32": 32, "uint32": 32,
-               "int64": 64, "uint64": 64, "float32": 32, "float64": 64}
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Target:
 
     def lanes(self, dtype: str) -> int:
         """How many elements of ``dtype`` (numpy name; bool counts as 1 byte) fit one vector register."""
-        return max(1, self.vector_bits // _DTYPE_BITS[dtype])
+        return max(1, self.vector_bits // (8 * np.dtype(dtype).itemsize))
 
     def has_feature(self, name: str) -> bool:
         """Whether ``features`` enables ``name`` (without the sign, e.g. ``"fma"``)."""
@@ -80,7 +80,8 @@ class Target:
 
 
 def host_target() -> Target:
-    """The machine this process runs on.
+    """The machine this process runs on, as it generates code (``POLYC_CPU`` read at each call; the
+    description of each CPU setting is computed once per process).
 
     Reads the triple, CPU name and features from LLVM (``llvm.get_process_triple``,
     ``llvm.get_host_cpu_name``, ``llvm.get_host_cpu_features``), the usable cores from the process's CPU
@@ -89,6 +90,12 @@ def host_target() -> Target:
     ``POLYC_CPU`` set, the CPU is overridden (:func:`override_cpu`); raises PolycError when that names a CPU
     outside :data:`AVX2_CPUS`/:data:`AVX512_CPUS` or one whose instructions this machine lacks.
     """
+    return _target_for(env.cpu())
+
+
+@functools.lru_cache(maxsize=None)
+def _target_for(requested: str) -> Target:
+    """:func:`host_target` for the ``POLYC_CPU`` value ``requested`` (``""``: the host's own CPU)."""
     triple = llvm.get_process_triple()
     cpu = llvm.get_host_cpu_name() or ""
     if cpu == "generic":
@@ -102,7 +109,6 @@ def host_target() -> Target:
     host = Target(triple=triple, cpu=cpu, features=features, vector_bits=bits, cores=_usable_cores(),
                   l1d_bytes=caches[1], l2_bytes=caches[2], l3_bytes=caches[3],
                   vector_registers=32 if bits == 512 else 16)
-    requested = os.environ.get("POLYC_CPU", "").strip()
     return override_cpu(host, requested) if requested else host
 
 
