@@ -275,6 +275,23 @@ def user_nodes(body: isl.AstNode) -> list[isl.AstNode] | None:
     return nodes if all(c.get_type() == isl.ast_node_type.user for c in nodes) else None
 
 
+def call_strides(k: KernelEmitter, user: isl.AstNode, it: str):
+    """``(statement, {index: stride})`` of the statement instance a user node calls, each index's stride
+    along the loop iterator ``it`` (:func:`coefficient`); None when the call is not a statement of ``k``
+    or an index is not affine in ``it``."""
+    call = user.user_get_expr()
+    stmt = k.statements.get(call.get_op_arg(0).get_id().name)
+    if stmt is None or call.get_op_n_arg() - 1 != len(stmt.indices):
+        return None
+    strides = {}
+    for n, index in enumerate(stmt.indices):
+        c = coefficient(call.get_op_arg(n + 1), it)
+        if c is None:
+            return None
+        strides[index] = c
+    return stmt, strides
+
+
 def coefficient(e: isl.AstExpr, it: str) -> int | None:
     """The coefficient of iterator ``it`` in isl AST expression ``e``, or None if ``e`` is not affine in it."""
     t = e.get_type()

@@ -15,7 +15,7 @@ from llvmlite import ir
 from ..lang import ast as L
 from ..poly.scop import PolyStatement
 from . import expr as X
-from .region import (KernelEmitter, Region, coefficient, emit_isl_expr, emit_loop, emit_trip_count, loop_bounds,
+from .region import (KernelEmitter, Region, call_strides, emit_isl_expr, emit_loop, emit_trip_count, loop_bounds,
                      user_nodes, walk, with_id)
 
 I32, I64 = X.I32, X.I64
@@ -105,17 +105,10 @@ def blocked_reduction_plan(k: KernelEmitter, node: isl.AstNode):
     users = user_nodes(node.for_get_body())
     if bounds is None or not users or len(users) != 1:
         return None
-    it = node.for_get_iterator().get_id().name
-    call = users[0].user_get_expr()
-    stmt = k.statements.get(call.get_op_arg(0).get_id().name)
-    if stmt is None or call.get_op_n_arg() - 1 != len(stmt.indices) or not compensated(k, stmt):
+    found = call_strides(k, users[0], node.for_get_iterator().get_id().name)
+    if found is None or not compensated(k, found[0]):
         return None
-    strides = {}
-    for n, index in enumerate(stmt.indices):
-        c = coefficient(call.get_op_arg(n + 1), it)
-        if c is None:
-            return None
-        strides[index] = c
+    stmt, strides = found
     lhs = [L.Ident(i, dtype="int32", kind="index") for i in stmt.lhs]
     if X.flat_stride(k.scop, stmt.tensor, lhs, strides) != 0:
         return None

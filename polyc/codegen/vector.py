@@ -28,7 +28,7 @@ from llvmlite import ir
 from ..lang import ast as L
 from ..poly.scop import identity_value
 from . import expr as X
-from .region import (KernelEmitter, Region, coefficient, emit_isl_expr, emit_loop, emit_trip_count, emit_user,
+from .region import (KernelEmitter, Region, call_strides, emit_isl_expr, emit_loop, emit_trip_count, emit_user,
                      loop_bounds, user_nodes, walk, with_id)
 from .sums import compensated, fold_sum
 
@@ -104,20 +104,10 @@ def vector_plan(k: KernelEmitter, node: isl.AstNode) -> tuple[int, dict[str, dic
     strides: dict[str, dict[str, int]] = {}
     dtypes: set[str] = set()
     for user in users:
-        call = user.user_get_expr()
-        name = call.get_op_arg(0).get_id().name
-        stmt = k.statements.get(name)
-        if stmt is None or call.get_op_n_arg() - 1 != len(stmt.indices):
+        found = call_strides(k, user, it)
+        if found is None or not _statement_ok(k, found[0], found[1], dtypes):
             return None
-        per_index = {}
-        for n, index in enumerate(stmt.indices):
-            c = coefficient(call.get_op_arg(n + 1), it)
-            if c is None:
-                return None
-            per_index[index] = c
-        if not _statement_ok(k, stmt, per_index, dtypes):
-            return None
-        strides[name] = per_index
+        strides[found[0].name] = found[1]
     widest = max((_BITS[d] for d in dtypes), default=32)
     lanes = max(1, k.target.vector_bits // widest)
     return (lanes, strides) if lanes > 1 else None
@@ -169,17 +159,10 @@ def reduction_plan(k: KernelEmitter, node: isl.AstNode):
     users = user_nodes(node.for_get_body())
     if bounds is None or bounds[2] != 1 or not users or len(users) != 1:
         return None
-    it = node.for_get_iterator().get_id().name
-    call = users[0].user_get_expr()
-    stmt = k.statements.get(call.get_op_arg(0).get_id().name)
-    if stmt is None or stmt.op not in ("+=", "*=", "max=", "min=") or call.get_op_n_arg() - 1 != len(stmt.indices):
+    found = call_strides(k, users[0], node.for_get_iterator().get_id().name)
+    if found is None or found[0].op not in ("+=", "*=", "max=", "min="):
         return None
-    strides = {}
-    for n, index in enumerate(stmt.indices):
-        c = coefficient(call.get_op_arg(n + 1), it)
-        if c is None:
-            return None
-        strides[index] = c
+    stmt, strides = found
     scop = k.scop
     dtype = scop.tensor(stmt.tensor).dtype
     lhs = [L.Ident(i, dtype="int32", kind="index") for i in stmt.lhs]
