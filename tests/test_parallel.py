@@ -5,6 +5,7 @@ below it. A 1x1 convolution at 7x7 with 128 output channels has one tile in ever
 first real loop is the reduction's tile loop: marking it parallel made two threads race on the output
 (wrong results that depended on the output buffer's old contents)."""
 import numpy as np
+import pytest
 
 import polyc
 from polyc import Options
@@ -202,3 +203,24 @@ def test_workers_are_kept_off_the_callers_cpu():
         assert any(len(cpus) == len(allowed) - 1 for cpus in narrowed), narrowed
     else:  # one CPU: nothing to move the worker to, so it keeps the process's set
         assert not narrowed
+
+
+def test_thread_balance_is_the_busiest_chunk_in_closed_form():
+    """thread_balance counts each chunk's points without listing the tiles (a loop of 2^31 points in
+    tiles of 8 once took a minute to plan): equal to summing every tile of every chunk, on small loops."""
+    import random
+
+    from polyc.poly.strategy import thread_balance
+
+    def by_tiles(extent, tile, threads):
+        n = -(-extent // tile)
+        chunks = min(n, threads)
+        sizes = [min(tile, extent - i * tile) for i in range(n)]
+        return extent / threads / max(sum(sizes[n * t // chunks:n * (t + 1) // chunks]) for t in range(chunks))
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        extent = rng.randint(1, 2000)
+        tile, threads = rng.randint(1, extent + 3), rng.randint(1, 9)
+        assert thread_balance(extent, tile, threads) == pytest.approx(by_tiles(extent, tile, threads), rel=1e-12)
+    assert thread_balance(1 << 31, 8, 2) == 1.0

@@ -360,8 +360,8 @@ def thread_balance(extent: int, tile: int, n_threads: int) -> float:
     ``[n t / T, n (t+1) / T)``, ``T = min(n, n_threads)``): 1.0 when every thread has an even share."""
     n = -(-extent // tile)
     chunks = min(n, n_threads)
-    sizes = [min(tile, extent - i * tile) for i in range(n)]
-    busiest = max(sum(sizes[n * t // chunks:n * (t + 1) // chunks]) for t in range(chunks))
+    # chunk t's points: its tiles are whole but the last tile of the loop, which ends at ``extent``
+    busiest = max(min(n * (t + 1) // chunks * tile, extent) - n * t // chunks * tile for t in range(chunks))
     return extent / n_threads / busiest
 
 
