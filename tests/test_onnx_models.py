@@ -6,7 +6,7 @@
 2. re-weighted with seeded random weights (outputs depend on the input): against onnxruntime on random
    inputs, comparing the softmax's input (the logits) as well as the output.
 
-resnet50, squeezenet (re-weighted only) and shufflenet run by default; all nine run with ``-m slow``.
+shufflenet runs by default (both ways); all nine run with ``-m slow``.
 """
 import numpy as np
 import onnx
@@ -24,10 +24,13 @@ def ort_session(model):
     so.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
-FAST = ("resnet50", "squeezenet", "shufflenet")
+#: shufflenet stays in the default run: the fastest light model (15 s cold; the re-weighted one reuses its kernels).
+FAST = ("shufflenet",)
+#: The rest run with -m slow; the default run reaches every line of polyc that resnet50 and squeezenet reach:
+#: resnet50 (25 s): the shufflenet tests here, test_promote.py and test_codegen.py (packing of big operands);
+#: squeezenet (20 s): the shufflenet tests here, test_promote.py and test_half.py::test_einsum_of_storage_operands.
 SLOW = tuple(n for n in testing.LIGHT_MODELS if n not in FAST)
-#: squeezenet's expected-output check repeats what its re-weighted check against onnxruntime shows (34 s)
-FAST_EXPECTED = ("resnet50", "shufflenet")
+FAST_EXPECTED = ("shufflenet",)
 
 
 def _check_expected(name):

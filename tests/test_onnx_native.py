@@ -1,5 +1,6 @@
 """The native executor: a whole model as one LLVM module with a generated entry point."""
 import numpy as np
+import pytest
 
 import polyc.onnx as ponnx
 from polyc.onnx.native import NativeExecutor
@@ -8,6 +9,9 @@ from polyc.onnx.testing import light_model_path, reweight
 import onnxruntime  # noqa: E402  (a test dependency: a missing install must fail, not skip)
 
 
+# a whole shufflenet (25 s): test_native_compile_lowers_each_kernel_once_and_jits_per_kernel_only_for_the_python_executor
+# checks the same on a small model (native = Python executor bit for bit, onnxruntime, reload from the disk cache)
+@pytest.mark.slow
 def test_native_matches_the_python_executor_and_onnxruntime_and_reloads_from_cache(tmp_path, monkeypatch):
     import onnx
 

@@ -335,7 +335,11 @@ def test_deep_nesting_is_a_parse_error():
     assert "nested too deeply" in err.message
     err = parse_error("def f() -> (O) { O(i) = " + " + ".join(["a"] * 1000) + " }")
     assert f"more than {MAX_DEPTH} levels" in err.message
-    assert parse("def f() -> (O) { O(i) = " + "(" * 50 + "1" + ")" * 50 + " }")
+    # 50 levels of parentheses (below MAX_NESTING) parse, and parentheses leave no node: the rhs is the literal
+    deep = parse("def f() -> (O) { O(i) = " + "(" * 50 + "1" + ")" * 50 + " }")
+    assert [d.name for d in deep.defs] == ["f"] and len(deep.defs[0].statements) == 1
+    assert deep.defs[0].statements[0].rhs == A.Const(1)
+    assert deep == parse("def f() -> (O) { O(i) = 1 }")
 
 
 def test_only_polyc_errors_escape():

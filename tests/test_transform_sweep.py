@@ -42,6 +42,7 @@ from kernel_refs import CASES, KernelCase, shape_id, tolerance  # noqa: E402
 import polyc  # noqa: E402
 import polyc.kernels  # noqa: E402
 from polyc import Options  # noqa: E402
+from polyc.lang import parse  # noqa: E402
 
 ALL_OPTIONS = {
     "naive": Options.naive(),
@@ -109,6 +110,17 @@ def statement_count(case_id: str) -> int:
     return len(set(re.findall(r"^\s*(S\d+): .* \.\.\.\s*$", text, re.MULTILINE)))
 
 
+def source_statement_count(case: KernelCase) -> int:
+    """:func:`statement_count` read from the def's source without compiling: one per statement, one more per
+    reduction that initialises (``+=!``). test_fusion_sweep_has_every_multi_statement_case checks they agree."""
+    (defn,) = [d for d in parse(polyc.kernels.source(case.family)).defs if d.name == case.name]
+    return len(defn.statements) + sum(s.initializes for s in defn.statements)
+
+
+#: The cases where fusion can change anything: two statements or more (one statement: nothing to fuse).
+MULTI_STATEMENT = tuple(c.id for c in CASES if source_statement_count(c) >= 2)
+
+
 def _as_tuple(value) -> tuple:
     return tuple(value) if isinstance(value, tuple) else (value,)
 
@@ -153,10 +165,8 @@ def test_every_kernel_under_distinct_options(case_id: str, options: Options):
     run_case(case, sweep_shape(case), options)
 
 
-@pytest.mark.parametrize("case_id,options", list(_params(FUSION_OPTIONS, [c.id for c in CASES])))
+@pytest.mark.parametrize("case_id,options", list(_params(FUSION_OPTIONS, MULTI_STATEMENT)))
 def test_fusion_strategies(case_id: str, options: Options):
-    if statement_count(case_id) < 2:
-        pytest.skip("one statement: nothing to fuse")
     case = CASES_BY_ID[case_id]
     run_case(case, sweep_shape(case), options)
 
@@ -181,11 +191,20 @@ def test_parallel_code_runs_and_matches(case_id: str, shape: dict):
 
 def test_sweep_covers_the_library():
     """Every def of the library is in the sweep, and every subset/parallel entry names a real case."""
-    assert {c.id for c in CASES} == {f"{c.family}.{c.name}" for c in CASES}
+    library = {f"{family}.{d.name}" for family in polyc.kernels.names()
+               for d in parse(polyc.kernels.source(family)).defs}
+    assert {c.id for c in CASES} == library
     for case_id in SUBSET + tuple(c for c, _ in PARALLEL_SHAPES):
         assert case_id in CASES_BY_ID, case_id
     families = {c.family for c in CASES}
     assert families == set(polyc.kernels.names())
+
+
+def test_fusion_sweep_has_every_multi_statement_case():
+    """The fusion sweep's cases are exactly those whose polyhedral model has two statements or more."""
+    for case in CASES:
+        assert source_statement_count(case) == statement_count(case.id), case.id
+    assert MULTI_STATEMENT and len(MULTI_STATEMENT) < len(CASES)
 
 
 def test_sweep_shapes_have_partial_tiles():
