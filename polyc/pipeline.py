@@ -89,15 +89,10 @@ def emit(module, lowered: Lowered, name: str, target: Target, options: Options) 
 
 
 @dataclass(frozen=True, eq=False)
-class Stages:
+class Stages(Lowered):
     """Every stage of one compilation of one kernel: the :class:`Lowered` stages, its LLVM IR module text and
     the JIT-compiled module (``jit.asm`` its machine code)."""
 
-    scop: object
-    dependences: object
-    schedule: object
-    transformed: object
-    ast: object
     llvm: str
     jit: object
 
@@ -136,5 +131,4 @@ def compile_kernel(checked: L.CheckedDef, sizes: dict, options: Options, target:
     log = debug.StageLogger()
     llvm = log("llvm", llvm_module)
     jit = log("jit", compile_module, llvm, target, options.opt_level, options.unroll != 0, show=lambda _: None)
-    return Stages(lowered.scop, lowered.dependences, lowered.schedule, lowered.transformed, lowered.ast, llvm,
-                  jit)
+    return Stages(**vars(lowered), llvm=llvm, jit=jit)
