@@ -57,7 +57,7 @@ from .marks import mark_name
 from .scop import PolyStatement, Scop
 from .transforms import (band_coincident, band_extents, band_permute, band_sink, band_split, band_tile, bands,
                          branches_below, dependences_at, distribute_bands, distribute_serialized, fuse_next_sibling,
-                         insert_mark, isolate_full_tiles, member_index, node_at, order_sets, path_of)
+                         insert_mark, isolate_full_tiles, member_index, node_at, order_sets, path_of, single_tile)
 from .verify import check_subtree
 
 #: The largest element stride of a read along the vector loop that codegen vectorizes (strided loads).
@@ -178,8 +178,9 @@ def _mark_distributed(outer: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap) -
 
 def simple_band(node: isl.ScheduleNode, options: Options, parallel: bool) -> isl.ScheduleNode:
     """The fallback: tile the band as isl gave it and mark its outermost coincident loop parallel."""
-    if options.tile and node.band_get_permutable() and node.band_n_member() >= 2:
-        node = band_tile(node, [32] * node.band_n_member())
+    tiles = [32] * node.band_n_member()
+    if options.tile and node.band_get_permutable() and node.band_n_member() >= 2 and not single_tile(node, tiles):
+        node = band_tile(node, tiles)
     return mark_parallel(node) if parallel else node
 
 
@@ -447,9 +448,8 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
                                  force=options.promote is True, constants=constants)
     node = band_permute(node, order)
     band_path = path_of(node)
-    if options.tile:
-        node = band_tile(node, tiles)
-        node = node.child(0)
+    if options.tile and not single_tile(node, tiles):
+        node = band_tile(node, tiles).child(0)
     if stream:  # point loops [P, R, v]: the tile loops keep v outside the reductions (a parallel loop)
         point = len(P)
         node = _vector_innermost(band_permute(node, list(range(point)) + list(range(point + 1, n)) + [point]),
