@@ -237,7 +237,7 @@ def _compare_expected(name: str, got: np.ndarray) -> int:
     print(f"matches {where}: max abs diff {diff.max():.3g}")
     if float(np.ptp(expected)) < 1e-3:
         print(f"(the light models' weights are all 0.02, so their expected output is nearly uniform; "
-              f"tests/test_onnx_models.py also checks them re-weighted against onnxruntime)")
+              f"tests/onnx/test_onnx_models.py also checks them re-weighted against onnxruntime)")
     return 0
 
 

@@ -1,11 +1,11 @@
-"""Export the small transformer, speech, vision and recurrent models of ``tests/models/`` to ONNX.
+"""Export the small transformer, speech, vision and recurrent models of ``tests/onnx/models/`` to ONNX.
 
 This script needs PyTorch and transformers, which polyc and its tests do not: run it in a separate
 virtual environment, never in polyc's own (the test suite reads only the committed files)::
 
     python3 -m venv /tmp/export-venv
     /tmp/export-venv/bin/pip install torch==2.13.0 onnx onnxruntime onnxscript transformers
-    /tmp/export-venv/bin/python scripts/export_models.py [--out tests/models] [NAME ...]
+    /tmp/export-venv/bin/python scripts/export_models.py [--out tests/onnx/models] [NAME ...]
 
 Each model is built from a small config (hidden 32-64, 2 layers, 2-4 heads, a small vocabulary) with
 seeded random weights, put in eval mode, and exported with ``torch.onnx.export`` at opset 17 with fixed
@@ -304,7 +304,7 @@ def write_readme(out_dir: str) -> None:
     """``out_dir/README.md``: what made the files and, per model, :func:`summary`."""
     lines = ["# Exported test models", "",
              "Made by `scripts/export_models.py` (see its docstring: it needs PyTorch and transformers, the tests",
-             "do not), checked by `tests/test_onnx_exports.py`. `NAME.npz` holds the inputs under the graph's input",
+             "do not), checked by `tests/onnx/test_onnx_exports.py`. `NAME.npz` holds the inputs under the graph's input",
              "names and onnxruntime's outputs under its output names. Op types as exported, before polyc's passes:",
              ""]
     lines += [summary(os.path.join(out_dir, f"{name}.onnx")) for name in MODELS

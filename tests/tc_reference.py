@@ -2,7 +2,7 @@
 
 It shares no code with polyc (it imports nothing from ``polyc``): its own tokenizer and parser, its own
 range inference and an evaluator over numpy index grids. The differential fuzzer (``scripts/fuzz.py``,
-``tests/test_fuzz.py``) runs each random program through polyc and through :func:`run` and compares.
+``tests/api/test_fuzz.py``) runs each random program through polyc and through :func:`run` and compares.
 
 Semantics, from TC's documentation (facebookresearch.github.io/TensorComprehensions: semantics.html,
 inference.html) and polyc's README where polyc goes beyond TC:

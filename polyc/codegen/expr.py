@@ -104,7 +104,7 @@ def int_div_mod(b: ir.IRBuilder, x: ir.Value, y: ir.Value, unsigned: bool, want:
     if want == "mod" and _element_bits(ty) <= 32:
         # floor(x mod y) = trunc((r + y) srem y) in twice the width (no overflow, no select): the form
         # with a sign-test select is miscompiled by LLVM 22's x86 backend (AVX-512) once SLP packs the
-        # unrolled scalar copies of an int32 `%` (tests/test_index_safety.py, found by scripts/fuzz.py)
+        # unrolled scalar copies of an int32 `%` (tests/codegen/test_index_safety.py, found by scripts/fuzz.py)
         wide = _widened(ty)
         wide_safe = b.sext(safe, wide)
         floor_r = b.trunc(b.srem(b.add(b.sext(r, wide), wide_safe), wide_safe), ty)

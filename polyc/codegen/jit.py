@@ -14,7 +14,7 @@ Memory: a module is optimized, turned into a relocatable object (``TargetMachine
 IR freed at once; the object is then loaded exactly like a disk-cache hit (an MCJIT engine over an empty
 module), so a live :class:`JitModule` holds only its machine code, the object bytes and the optimized IR
 text. (llvmlite 0.50's new-pass-manager pipeline itself leaks about 60 KiB inside LLVM per run, which no
-caller can free; ``tests/test_jit_memory.py`` bounds the growth per compiled kernel.)
+caller can free; ``tests/codegen/test_jit_memory.py`` bounds the growth per compiled kernel.)
 
 Objects are checked before LLVM sees them (:func:`check_object`: a well-formed ELF relocatable object for
 this machine whose sections, symbols and relocations lie inside the file and which defines the expected

@@ -51,7 +51,7 @@ How each builtin lowers:
     ``e^x/sqrt(2 pi x) Σ (-1)^k a_k(ν)/x^k`` (A&S 9.7.1, 23 terms) above, ``e^x`` as ``e^(x/2) e^(x/2)`` so
     the result overflows only where the function does (float64 beyond 700).
 
-``tests/test_builtins.py`` measures every builtin against float64/mpmath references and states the error
+``tests/codegen/test_builtins.py`` measures every builtin against float64/mpmath references and states the error
 bound of each.
 """
 from __future__ import annotations
@@ -671,7 +671,7 @@ def exp_float32(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> ir.Value:
     products ``2^(n>>1) 2^(n-(n>>1))``, so results that overflow become inf and subnormal ones round once
     more instead of flushing. ``x`` is clamped to [-104, 89] first (beyond: 0 and inf); NaN stays NaN (it
     passes the clamp, and the frozen integer of a NaN ``n`` only scales a NaN). At most 2 ulp from the
-    correctly rounded result over the whole float range (tests/test_codegen.py measures it).
+    correctly rounded result over the whole float range (tests/codegen/test_codegen.py measures it).
     """
     ty = x.type
     p, n = _exp_reduced(module, _clamp(b, x, -104.0, 89.0), b)
@@ -687,7 +687,7 @@ def sigmoid_float32(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> ir.Value
     float (``n`` in [-126, 127]), so the scaling is one product (or ``vscalefps``) instead of
     :func:`exp_float32`'s two. Beyond the clamp the result is 1 (x > 87) or about 6e-39 (x < -88, where
     the exact value is below that); NaN stays NaN. Within 3 ulp of the correctly rounded value where that
-    is a normal float (tests/test_codegen.py measures it). The division stays: a hardware reciprocal
+    is a normal float (tests/codegen/test_codegen.py measures it). The division stays: a hardware reciprocal
     estimate with two Newton steps (as accurate) measured 1.2x slower in a conv epilogue on Zen 4 (AVX2
     code), a longer dependence chain than ``vdivps``."""
     ty = x.type

@@ -1,6 +1,6 @@
 """Models exported from PyTorch compile with polyc and match onnxruntime.
 
-``tests/models/NAME.onnx`` are small BERT (three exports: TorchScript, torch.export, and without token type
+``tests/onnx/models/NAME.onnx`` are small BERT (three exports: TorchScript, torch.export, and without token type
 ids), GPT-2, RoBERTa, T5-encoder and wav2vec2 models (transformers, tiny configs, random weights, exported with
 their attention mask; wav2vec2 also in its GroupNorm form without one), a MobileNetV3-small-style net and an
 LSTM + GRU model, made by ``scripts/export_models.py`` (which needs PyTorch; these tests do not). ``NAME.npz`` holds the

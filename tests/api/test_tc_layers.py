@@ -26,7 +26,7 @@ import polyc
 from polyc.options import Options
 
 F32, F64, I32 = np.float32, np.float64, np.int32
-KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fuzz_programs as F  # noqa: E402
-import tc_reference as R  # noqa: E402
+import fuzz_programs as F
+import tc_reference as R
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(0)
 
 

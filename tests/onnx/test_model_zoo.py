@@ -12,7 +12,7 @@ import polyc.onnx
 
 import onnxruntime as ort  # noqa: E402  (a test dependency: a missing install must fail, not skip)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts"))
 import model_zoo  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Promotion (packing): the strategy's decision, the promoted Scop and schedule, and results against numpy.
 
-The transformation sweep (``tests/test_transform_sweep.py``, option set ``promote=1``) runs every library
+The transformation sweep (``tests/poly/test_transform_sweep.py``, option set ``promote=1``) runs every library
 kernel with packing forced wherever the access allows it; this file checks what is packed, when, and how.
 """
 from __future__ import annotations

@@ -4,9 +4,7 @@ remainders) and with every transform switched off in turn."""
 from __future__ import annotations
 
 import re
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +12,7 @@ import pytest
 import polyc
 from polyc import Options
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_refs import CASES, tolerance  # noqa: E402
+from kernel_refs import CASES, tolerance
 
 SOURCE = """
 def rowdot(float(M,N) A, float(N) x) -> (y) { y(i) +=! A(i,j) * x(j) }

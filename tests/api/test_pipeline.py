@@ -13,7 +13,7 @@ from polyc import Options, env, pipeline
 from polyc.errors import CompileError
 from polyc.poly import verify
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
 
 

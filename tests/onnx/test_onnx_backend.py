@@ -5,7 +5,7 @@ is included when every op of its model is one polyc supports (``polyc.onnx.ops.C
 ops, the sequence ops resolved by ``polyc.onnx.sequences`` and the string ops of ``polyc.onnx.strings``); the count of passes is quoted in the README.
 The cases not included (other ops, the CUDA device) are deselected at collection by tests/conftest.py, so a
 skip in this file is a real one.
-Run ``pytest tests/test_onnx_backend.py -q`` to count.
+Run ``pytest tests/onnx/test_onnx_backend.py -q`` to count.
 """
 import re
 import warnings

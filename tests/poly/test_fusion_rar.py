@@ -2,9 +2,7 @@
 scheduler does with it, and results against numpy."""
 from __future__ import annotations
 
-import sys
 import zlib
-from pathlib import Path
 
 import islpy as isl
 import numpy as np
@@ -19,8 +17,7 @@ from polyc.poly.schedule import compute_schedule, read_after_read
 from polyc.poly.transforms import bands
 from polyc.poly.verify import check_schedule
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_refs import CASES, tolerance  # noqa: E402
+from kernel_refs import CASES, tolerance
 
 POLYBENCH = polyc.kernels.source("polybench")
 ELEMENTWISE = polyc.kernels.source("elementwise")

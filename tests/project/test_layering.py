@@ -19,7 +19,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent / "polyc"
+ROOT = Path(__file__).resolve().parents[2] / "polyc"
 
 #: package (a directory or a top-level module of polyc; ``__init__`` is polyc's own) -> the polyc packages it
 #: may import besides itself: DESIGN.md's table, lowest first. An entry for a package that does not exist

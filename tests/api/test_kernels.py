@@ -17,12 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_refs import CASES, KernelCase, shape_id, tolerance  # noqa: E402
+from kernel_refs import CASES, KernelCase, shape_id, tolerance
 
-from polyc.options import Options  # noqa: E402
+from polyc.options import Options
 
-KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 DEF_RE = re.compile(r"^\s*def\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(", re.MULTILINE)
 
 

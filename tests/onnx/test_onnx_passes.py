@@ -308,7 +308,7 @@ def test_unsupported_attribute_names_value_node_and_op():
 # ---- the model-zoo light models ---------------------------------------------------------------------------------
 
 #: The three models with hundreds of MB of weights (onnxruntime runs each twice here) run with ``-m slow``,
-#: as in tests/test_onnx_models.py; the passes meet every layer kind of theirs in the other six.
+#: as in tests/onnx/test_onnx_models.py; the passes meet every layer kind of theirs in the other six.
 HEAVY = ("vgg19", "zfnet512", "bvlc_alexnet")
 
 

@@ -25,7 +25,7 @@ from polyc.onnx.load import load_model
 
 import onnxruntime as ort  # noqa: E402  (a test dependency: a missing install must fail, not skip)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RNG = np.random.default_rng(10)
 
 

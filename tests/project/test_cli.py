@@ -3,7 +3,7 @@ from pathlib import Path
 
 from polyc.cli import main
 
-MATMUL = str(Path(__file__).resolve().parent.parent / "kernels" / "matmul.tc")
+MATMUL = str(Path(__file__).resolve().parents[2] / "kernels" / "matmul.tc")
 
 
 def test_show_prints_every_stage(capsys):
@@ -37,7 +37,7 @@ def test_errors_are_messages_not_tracebacks(capsys):
     assert main(["show", "/nonexistent.tc", "--def", "f"]) == 1
 
 
-CONV2D = str(Path(__file__).resolve().parent.parent / "kernels" / "conv2d.tc")
+CONV2D = str(Path(__file__).resolve().parents[2] / "kernels" / "conv2d.tc")
 
 
 def _loops(ast: str) -> dict:

@@ -10,8 +10,6 @@
   with a fallback (``fusion="min"``, then the source order) that stays correct.
 """
 import dataclasses
-import sys
-from pathlib import Path
 import time
 
 import islpy as isl
@@ -411,7 +409,6 @@ def test_isolating_full_tiles_of_a_many_piece_union_finishes():
     was read) whose isolated full-tile set is a union of many pieces: isl's convex hull of it did not finish in
     minutes (it still does not with transforms.HULL_MAX_PIECES raised to 1000); the hull is only tried on a few
     pieces now. Checked against the reference interpreter."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import fuzz_programs
     import tc_reference
     text = """def f382(float32(N,N) A) -> (O4) {

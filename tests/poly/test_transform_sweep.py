@@ -23,26 +23,23 @@ To keep the whole file at a few minutes on a 2-core machine the option sets are 
   kernels run on larger shapes with ``parallel=1,threads=2``; the test checks that the AST really has a
   ``parallel`` loop and that the two-thread result is bit-identical to the one-thread result.
 
-The default options on every shape of every case are covered by ``tests/test_kernels.py``.
+The default options on every shape of every case are covered by ``tests/api/test_kernels.py``.
 """
 from __future__ import annotations
 
 import functools
 import re
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernel_refs import CASES, KernelCase, shape_id, tolerance  # noqa: E402
+from kernel_refs import CASES, KernelCase, shape_id, tolerance
 
-import polyc  # noqa: E402
-import polyc.kernels  # noqa: E402
-from polyc import Options  # noqa: E402
-from polyc.lang import parse  # noqa: E402
+import polyc
+import polyc.kernels
+from polyc import Options
+from polyc.lang import parse
 
 ALL_OPTIONS = {
     "naive": Options.naive(),

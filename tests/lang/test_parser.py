@@ -227,7 +227,7 @@ def _strip_comments(text: str) -> str:
     return "\n".join(line.split("#", 1)[0] for line in text.splitlines())
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "kernels").glob("*.tc")),
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "kernels").glob("*.tc")),
                          ids=lambda p: p.stem)
 def test_library_parses_the_same_with_every_line_break_removed(path):
     """TC reads line breaks as blanks: each library file, comments stripped and joined into one line, gives
