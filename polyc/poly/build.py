@@ -18,6 +18,10 @@ is then checked exactly against its tensor's shape over the iteration domain (gu
 conditions of enclosing ``?:``): a read that can leave the tensor is an error here, never a wrong answer or
 a crash at run time. Data-dependent reads (``A(B(i))``) are over-approximated to the whole dimension and
 checked at run time by the generated code.
+
+A reduction update whose right-hand side is ``cond ? e : identity`` (a padded convolution's window) runs only
+where the affine conditions of ``cond`` hold: they become part of its iteration domain
+(:func:`guard_into_domain`), so the code never visits the taps outside the image.
 """
 from __future__ import annotations
 
@@ -105,6 +109,10 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
                 domain = domain.apply(isl.Map(f"{{ {name}[{dims}] -> {name}[{moved}] }}"))
                 for k, i in enumerate(indices):
                     domain = domain.set_dim_name(isl.dim_type.set, k, isl_name(i))
+            if cs.stmt.reduction_op in ("+=", "*=", "max=", "min="):
+                rhs, domain = guard_into_domain(rhs, cs.stmt.reduction_op, checked.tensor(cs.stmt.tensor).dtype,
+                                                domain, indices, sizes, stmt_ranges,
+                                                cs.lhs_indices[-1] if cs.lhs_indices else None)
             statements.append(_statement(name, indices, domain, cs, cs.stmt.reduction_op, rhs,
                                          sizes, shapes, stmt_ranges, checked.source))
     except isl.Error as exc:  # a polyc bug: the text we built is not isl's
@@ -115,6 +123,68 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
     for s in scop.statements:
         check_bounds(s, scop, checked.source)
     return scop
+
+
+def _is_identity(e: L.Expr, op: str, dtype: str) -> bool:
+    """Whether ``e`` is a literal equal to the identity of reduction ``op`` on ``dtype`` (``0`` for ``+=``)."""
+    value = identity_value(op, dtype)
+    if isinstance(e, L.Unary) and e.op == "-" and isinstance(e.operand, L.Const):
+        return -e.operand.value == value
+    return isinstance(e, L.Const) and e.value == value
+
+
+def _conjuncts(cond: L.Expr) -> list[L.Expr]:
+    """The operands of a chain of ``&&``."""
+    if isinstance(cond, L.Binary) and cond.op == "&&":
+        return _conjuncts(cond.lhs) + _conjuncts(cond.rhs)
+    return [cond]
+
+
+def guard_into_domain(rhs: L.Expr, op: str, dtype: str, domain: isl.Set, indices, sizes: dict, ranges: dict,
+                      innermost: str | None):
+    """``(rhs, domain)`` of a reduction update ``op`` with affine guards moved into its iteration domain.
+
+    ``Y(i, j) += (i + r - 1 >= 0 && i + r - 1 < N && ...) ? X(i + r - 1, ...) * W(r, ...) : 0`` adds the
+    reduction's identity wherever the guard fails, so those instances change nothing: the update runs on the
+    domain intersected with the guard's conditions (``isl_set_intersect``) and selects nothing for them. isl's
+    AST then bounds the loops at the borders (a padded convolution's taps outside the image are never visited)
+    instead of the code selecting per element. Only the conditions that do not involve ``innermost`` (the
+    write's stride-1 index, which the strategy vectorizes and register-tiles) move: a bound that couples it with
+    a window index would make every register tile a partial one (a 3x3 convolution ran 2x slower); those
+    conditions stay a ``?:``, evaluated per lane. ``?:`` levels are peeled while one branch is the identity
+    literal and every condition moves; a condition moves when it is affine
+    (:func:`~polyc.poly.affine.guard_text`, exact over the statement's box ``ranges``) and does not empty the
+    domain. Adding ``+0.0``, multiplying by ``1`` and ``max``/``min`` with the identity return the other operand,
+    so results are bit-identical (the accumulator starts at the identity, never at ``-0.0``)."""
+    dims = ", ".join(isl_name(i) for i in indices)
+    name = domain.get_tuple_name()
+    box = {i: ranges[i] for i in indices}
+    index_set = set(indices)
+    while isinstance(rhs, L.Select):
+        if _is_identity(rhs.other, op, dtype):
+            kept_branch, parts, negate = rhs.then, _conjuncts(rhs.cond), False
+        elif _is_identity(rhs.then, op, dtype):
+            kept_branch, parts, negate = rhs.other, [rhs.cond], True
+        else:
+            break
+        stay = []
+        for cond in parts:
+            text = None if innermost in index_names(cond) else \
+                guard_text(cond, index_set, sizes, negate=negate, ranges=box)
+            restricted = domain.intersect(isl.Set(f"{{ {name}[{dims}] : {text} }}")) if text else None
+            if restricted is None or restricted.is_empty():
+                stay.append(cond)
+            else:
+                domain = restricted
+        if stay:
+            if len(stay) < len(parts):
+                cond = stay[0]
+                for c in stay[1:]:
+                    cond = L.Binary("&&", cond, c, dtype=rhs.cond.dtype)
+                rhs = dataclasses.replace(rhs, cond=cond)
+            break
+        rhs = kept_branch
+    return rhs, domain
 
 
 def _dimension_names(checked: L.CheckedDef) -> set[str]:

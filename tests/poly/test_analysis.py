@@ -51,12 +51,15 @@ def test_padded_conv2d_counts_the_guarded_multiply_add_only():
     N, C, H, W, M, KH, KW = 2, 3, 5, 4, 2, 3, 3
     scop = scop_of(CONV_PAD1, N=N, C=C, H=H, W=W, M=M, KH=KH, KW=KW)
     out = N * M * H * W  # padding 1 with a 3x3 window keeps H x W
-    reduction = out * C * KH * KW
+    # the guard's conditions on the rows are the update's domain (build.guard_into_domain): only the (h, kh)
+    # whose row lies inside the image run; the conditions on w (the stride-1 index) stay a ?: per instance
+    rows = sum(1 for h in range(H) for kh in range(KH) if 1 <= h + kh <= H)
+    reduction = N * M * C * rows * W * KW
     assert instances(scop) == {"S0": out, "S1": reduction}
-    # the guard is integer work: h+kh and w+kw (each written twice, computed once), 4 comparisons, 3 &&;
+    # what is left of the guard is integer work: w+kw (written twice, computed once), 2 comparisons, 1 &&;
     # the select and the 0.0 branch are free; the value is one multiply and the reduction's add
     assert flops(scop) == 2 * reduction
-    assert int_ops(scop) == (2 + 4 + 3) * reduction
+    assert int_ops(scop) == (1 + 2 + 1) * reduction
     fp = footprint(scop)
     # the guard keeps the reads of X inside X: the padding is never read, every element of X is
     assert fp.elements == {"X": N * C * H * W, "F": M * C * KH * KW, "Y": out}
