@@ -12,9 +12,10 @@ it, and odd so that every tiled and vectorized loop also runs its partial tile a
 
 To keep the whole file at a few minutes on a 2-core machine the option sets are split:
 
-- ``ALL_OPTIONS`` (the six most distinct) run on every case: transforms off, source-order schedule, tiny
-  tiles (3: every tile partial), no cache tile, scalar code, a 2-row register tile, packing wherever the
-  access allows it (``promote=1``: the strategy would only pack long rows);
+- ``ALL_OPTIONS`` (the six most distinct) run on every case: source-order schedule, tiny tiles (3: every
+  tile partial), no cache tile, scalar code, a 2-row register tile, packing wherever the access allows it
+  (``promote=1``: the strategy would only pack long rows). Every transform off (``Options.naive()``) on every
+  case is ``tests/api/test_kernels.py::test_kernel_without_transforms_matches_numpy``;
 - ``FUSION_OPTIONS`` (``fusion=min`` / ``fusion=max``) run on every case with more than one statement
   (reductions count: their initialisation is a statement), where fusion can change anything;
 - ``SUBSET_OPTIONS`` (the default options, ``tile_sizes=4x8x16``, ``register_tile=0``, parallel on two
@@ -42,7 +43,6 @@ from polyc import Options
 from polyc.lang import parse
 
 ALL_OPTIONS = {
-    "naive": Options.naive(),
     "identity": Options(scheduler="identity"),
     "tile_sizes=3": Options(tile_sizes=(3,)),
     "tile=0": Options(tile=False),

@@ -34,5 +34,5 @@ def test_readme_commands_are_the_ones_ci_runs():
     install_and_run, install_and_test = (line.split("#")[0].strip() for line in commands[:2])
     assert install_and_run.endswith("pip install -e . && polyc run")
     for step in ("python3 -m venv .venv", ". .venv/bin/activate", "pip install -e '.[test]'",
-                 "python -m pytest -q -n 2 tests"):
+                 "python -m pytest -q -n 2 --dist worksteal tests"):
         assert step in install_and_test and step in ci, step
