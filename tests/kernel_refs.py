@@ -11,6 +11,7 @@ dtypes and shapes as well as values.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -65,6 +66,37 @@ class KernelCase:
 
 def shape_id(shape: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in shape.items())
+
+
+def _as_tuple(value) -> tuple:
+    return tuple(value) if isinstance(value, tuple) else (value,)
+
+
+def run_and_compare(case: KernelCase, shape: dict, call: Callable, label: str = ""):
+    """Run ``call(*inputs)`` (a compiled kernel of ``case``) on the case's seeded inputs at ``shape`` and compare
+    with its numpy reference: the number of outputs, each output's shape, dtype and values (exact for integers,
+    else within :func:`tolerance` of the dtype and the reduction length), and the inputs left untouched.
+    ``label`` is added to the messages (e.g. the options). Returns the outputs as a tuple."""
+    rng = np.random.default_rng(zlib.crc32(f"{case.id}[{shape_id(shape)}]".encode()))
+    inputs = case.make_inputs(rng, shape)
+    originals = [np.copy(a) for a in inputs]
+    expected = _as_tuple(case.reference(*inputs))
+    got = _as_tuple(call(*inputs))
+    where = f"{case.id}{label}"
+    assert len(got) == len(expected), f"{where}: {len(got)} outputs, expected {len(expected)}"
+    for k, (g, e) in enumerate(zip(got, expected)):
+        g, e = np.asarray(g), np.asarray(e)
+        what = f"{case.id} output {k} at {shape_id(shape)}{label}"
+        assert g.shape == e.shape, f"{what}: shape {g.shape}, expected {e.shape}"
+        assert g.dtype == e.dtype, f"{what}: dtype {g.dtype}, expected {e.dtype}"
+        rtol, atol = tolerance(e.dtype, case.reduction(shape))
+        if rtol == 0 and atol == 0:
+            np.testing.assert_array_equal(g, e, err_msg=what)
+        else:
+            np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=what)
+    for k, (a, orig) in enumerate(zip(inputs, originals)):
+        np.testing.assert_array_equal(a, orig, err_msg=f"{where}: input {k} was modified")
+    return got
 
 
 # ---- input generators --------------------------------------------------------------------------------

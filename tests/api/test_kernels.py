@@ -11,13 +11,12 @@ import functools
 import importlib.util
 import re
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kernel_refs import CASES, KernelCase, shape_id, tolerance
+from kernel_refs import CASES, KernelCase, run_and_compare, shape_id
 
 from polyc.options import Options
 
@@ -64,31 +63,8 @@ def _params():
             yield pytest.param(case, shape, id=f"{case.id}[{shape_id(shape)}]")
 
 
-def _as_tuple(value) -> tuple:
-    return tuple(value) if isinstance(value, tuple) else (value,)
-
-
 def _check(case: KernelCase, shape: dict, naive: bool = False):
-    rng = np.random.default_rng(zlib.crc32(f"{case.id}[{shape_id(shape)}]".encode()))
-    inputs = case.make_inputs(rng, shape)
-    originals = [np.copy(a) for a in inputs]
-    expected = _as_tuple(case.reference(*inputs))
-
-    got = _as_tuple(_kernel(case.family, case.name, naive)(*inputs))
-
-    assert len(got) == len(expected), f"{case.id}: {len(got)} outputs, expected {len(expected)}"
-    for k, (g, e) in enumerate(zip(got, expected)):
-        g, e = np.asarray(g), np.asarray(e)
-        what = f"{case.id} output {k} at {shape_id(shape)}"
-        assert g.shape == e.shape, f"{what}: shape {g.shape}, expected {e.shape}"
-        assert g.dtype == e.dtype, f"{what}: dtype {g.dtype}, expected {e.dtype}"
-        rtol, atol = tolerance(e.dtype, case.reduction(shape))
-        if rtol == 0 and atol == 0:
-            np.testing.assert_array_equal(g, e, err_msg=what)
-        else:
-            np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=what)
-    for k, (a, orig) in enumerate(zip(inputs, originals)):
-        np.testing.assert_array_equal(a, orig, err_msg=f"{case.id}: input {k} was modified")
+    run_and_compare(case, shape, _kernel(case.family, case.name, naive))
 
 
 @pytest.mark.parametrize("case,shape", list(_params()))

@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import functools
 import re
-import zlib
 
 import numpy as np
 import pytest
 
-from kernel_refs import CASES, KernelCase, shape_id, tolerance
+from kernel_refs import CASES, KernelCase, run_and_compare, shape_id
 
 import polyc
 import polyc.kernels
@@ -118,35 +117,17 @@ def source_statement_count(case: KernelCase) -> int:
 MULTI_STATEMENT = tuple(c.id for c in CASES if source_statement_count(c) >= 2)
 
 
-def _as_tuple(value) -> tuple:
-    return tuple(value) if isinstance(value, tuple) else (value,)
-
-
 def run_case(case: KernelCase, shape: dict, options: Options):
     """Compile ``case`` for ``shape`` under ``options``, run it, compare with numpy; returns
     ``(compiled, outputs)``."""
-    rng = np.random.default_rng(zlib.crc32(f"{case.id}[{shape_id(shape)}]".encode()))
-    inputs = case.make_inputs(rng, shape)
-    originals = [np.copy(a) for a in inputs]
-    expected = _as_tuple(case.reference(*inputs))
+    compiled = None
 
-    compiled = kernel(case.id).specialize(*inputs, options=options)
-    got = _as_tuple(compiled(*inputs))
+    def call(*inputs):
+        nonlocal compiled
+        compiled = kernel(case.id).specialize(*inputs, options=options)
+        return compiled(*inputs)
 
-    spec = options.to_spec() or "default"
-    assert len(got) == len(expected), f"{case.id} [{spec}]: {len(got)} outputs, expected {len(expected)}"
-    for k, (g, e) in enumerate(zip(got, expected)):
-        g, e = np.asarray(g), np.asarray(e)
-        what = f"{case.id} output {k} at {shape_id(shape)} with options [{spec}]"
-        assert g.shape == e.shape, f"{what}: shape {g.shape}, expected {e.shape}"
-        assert g.dtype == e.dtype, f"{what}: dtype {g.dtype}, expected {e.dtype}"
-        rtol, atol = tolerance(e.dtype, case.reduction(shape))
-        if rtol == 0 and atol == 0:
-            np.testing.assert_array_equal(g, e, err_msg=what)
-        else:
-            np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=what)
-    for k, (a, orig) in enumerate(zip(inputs, originals)):
-        np.testing.assert_array_equal(a, orig, err_msg=f"{case.id} [{spec}]: input {k} was modified")
+    got = run_and_compare(case, shape, call, f" with options [{options.to_spec() or 'default'}]")
     return compiled, got
 
 
