@@ -170,3 +170,37 @@ def test_negated_guard_with_the_identity_first():
     fast, naive = run_both(two_d, a, z)
     np.testing.assert_allclose(fast, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(fast, naive, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("src,reference", [
+    # a product whose guard's other branch is 1.0, the identity of *=
+    ("def f(float(N,M) A) -> (P) { P(j, i) *=! (i+k >= 1 && i+k <= N) ? A(i+k-1, j) : 1.0 "
+     "where i in 0:N, j in 0:M, k in 0:3 }",
+     lambda a: np.stack([np.prod(np.pad(a.astype(np.float64), ((1, 1), (0, 0)), constant_values=1.0)[i:i + 3], axis=0)
+                         for i in range(a.shape[0])], axis=1)),
+    # an int32 max whose other branch is the int32 minimum, the identity of max=
+    ("def f(int32(N,M) A) -> (P) { P(j, i) max=! (i+k >= 1 && i+k <= N) ? A(i+k-1, j) : -2147483648 "
+     "where i in 0:N, j in 0:M, k in 0:3 }",
+     lambda a: np.stack([np.pad(a, ((1, 1), (0, 0)), constant_values=np.iinfo(np.int32).min)[i:i + 3].max(axis=0)
+                         for i in range(a.shape[0])], axis=1)),
+])
+def test_the_identity_of_each_reduction(src, reference):
+    """``1.0`` for ``*=`` and the int32 minimum for ``max=`` are identities too: with the write ``P(i, j)`` (j the
+    stride-1 index) the guard on i+k moves and the update visits only the rows inside A; with ``P(j, i)`` it stays
+    a guard. Both forms against numpy and against the naive compile."""
+    N, M = 9, 4
+    moved = src.replace("P(j, i)", "P(i, j)")
+    update = scop_of(moved, N=N, M=M).statements[1]
+    assert not isinstance(update.rhs, L.Select)
+    assert points(update) == M * sum(1 for i in range(N) for k in range(3) if 1 <= i + k <= N)
+    rng = np.random.default_rng(5)
+    if "int32" in src:
+        a = rng.integers(-1000, 1000, (N, M)).astype(np.int32)
+    else:
+        a = rng.uniform(0.5, 1.5, (N, M)).astype(np.float32)
+    expected = reference(a)
+    for text, transpose in ((src, False), (moved, True)):
+        fast, naive = run_both(text, a)
+        got = fast.T if transpose else fast
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+        np.testing.assert_allclose(fast, naive, rtol=1e-6)
