@@ -17,6 +17,7 @@ the parser joins an identifier ``max``/``min`` with an adjacent ``=`` (and ``!``
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..errors import ParseError, Span
@@ -61,39 +62,20 @@ class Token:
         return f"'{self.text}'"
 
 
-def _is_ident_start(c: str) -> bool:
-    return c == "_" or ("a" <= c <= "z") or ("A" <= c <= "Z")
-
-
-def _is_ident_char(c: str) -> bool:
-    return _is_ident_start(c) or ("0" <= c <= "9")
-
-
-def _is_digit(c: str) -> bool:
-    return "0" <= c <= "9"
-
-
-class _Scanner:
-    """A cursor over the text that keeps line and column."""
-
-    def __init__(self, text: str):
-        self.text = text
-        self.pos = 0
-        self.line = 1
-        self.col = 1
-
-    def peek(self, k: int = 0) -> str:
-        i = self.pos + k
-        return self.text[i] if i < len(self.text) else ""
-
-    def advance(self, n: int = 1) -> None:
-        for _ in range(n):
-            if self.text[self.pos] == "\n":
-                self.line += 1
-                self.col = 1
-            else:
-                self.col += 1
-            self.pos += 1
+#: One token or one run of blanks at a position: spaces, line breaks and ``#`` comments; an identifier; a
+#: number (digits with an optional fraction and exponent); an operator (:data:`OPERATORS`, longest first, so
+#: the first alternative that matches is the longest one). Only ASCII letters and digits (``[0-9]``, not
+#: ``\d``, which takes any Unicode digit).
+_TOKEN = re.compile("|".join((
+    r"(?P<blank>(?:[ \t\r\f\v\n]|#[^\n]*)+)",
+    r"(?P<ident>[A-Za-z_][A-Za-z0-9_]*)",
+    r"(?P<number>(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)",
+    "(?P<op>" + "|".join(re.escape(op) for op in OPERATORS) + ")",
+)))
+#: TC's dimension specifier right after an identifier (``T.1``).
+_DIMENSION = re.compile(r"\.[0-9]+")
+#: What a number must not run into (``1e``, ``2x``, ``1.2.3``): the rest of the malformed literal.
+_NUMBER_TAIL = re.compile(r"[A-Za-z0-9_.]+")
 
 
 def tokenize(source: str) -> list[Token]:
@@ -102,94 +84,62 @@ def tokenize(source: str) -> list[Token]:
     Raises :class:`ParseError` (with the source attached) on a character outside the language or a
     malformed number.
     """
-    s = _Scanner(source)
     tokens: list[Token] = []
-    newline = True
-    while True:
-        newline = _skip_blank(s) or newline
-        if s.pos >= len(source):
-            tokens.append(Token("eof", "", Span.point(s.line, s.col), newline))
-            return tokens
-        tokens.append(_next_token(s, source, newline))
-        newline = False
+    pos, line, col, newline = 0, 1, 1, True
+    match = _TOKEN.match
+    while pos < len(source):
+        m = match(source, pos)
+        if m is None:
+            c = source[pos]
+            shown = c if c.isprintable() else repr(c)
+            raise ParseError(f"unexpected character '{shown}'", Span.point(line, col), source,
+                             hint="the language uses identifiers, numbers, operators and '#' comments")
+        kind, text, end = m.lastgroup, m.group(), m.end()
+        if kind == "blank":
+            breaks = text.count("\n")
+            if breaks:
+                line, col, newline = line + breaks, len(text) - text.rfind("\n"), True
+            else:
+                col += len(text)
+            pos = end
+            continue
+        value = None
+        if kind == "ident":
+            if text in KEYWORDS:
+                kind = "keyword"
+            else:
+                dim = _DIMENSION.match(source, end)
+                if dim:
+                    end = dim.end()
+                    text = source[pos:end]
+        elif kind == "number":
+            kind, value = _number(source, pos, end, line, col)
+        span = Span(line, col, line, col + len(text))
+        tokens.append(Token(kind, text, span, newline, value))
+        pos, col, newline = end, col + len(text), False
+    tokens.append(Token("eof", "", Span.point(line, col), newline))
+    return tokens
 
 
-def _skip_blank(s: _Scanner) -> bool:
-    """Skip spaces and comments; return whether a line break was skipped."""
-    saw_newline = False
-    while s.pos < len(s.text):
-        c = s.peek()
-        if c == "\n":
-            saw_newline = True
-            s.advance()
-        elif c in " \t\r\f\v":
-            s.advance()
-        elif c == "#":
-            while s.pos < len(s.text) and s.peek() != "\n":
-                s.advance()
-        else:
-            break
-    return saw_newline
-
-
-def _next_token(s: _Scanner, source: str, newline: bool) -> Token:
-    line, col, start = s.line, s.col, s.pos
-    c = s.peek()
-    if _is_ident_start(c):
-        while _is_ident_char(s.peek()):
-            s.advance()
-        text = source[start:s.pos]
-        kind = "keyword" if text in KEYWORDS else "ident"
-        if kind == "ident" and s.peek() == "." and _is_digit(s.peek(1)):  # TC's dimension specifier T.1
-            s.advance()
-            while _is_digit(s.peek()):
-                s.advance()
-            text = source[start:s.pos]
-        return Token(kind, text, Span(line, col, s.line, s.col), newline)
-    if _is_digit(c) or (c == "." and _is_digit(s.peek(1))):
-        return _number(s, source, newline)
-    for op in OPERATORS:
-        if source.startswith(op, s.pos):
-            s.advance(len(op))
-            return Token("op", op, Span(line, col, s.line, s.col), newline)
-    shown = c if c.isprintable() else repr(c)
-    raise ParseError(f"unexpected character '{shown}'", Span.point(line, col), source,
-                     hint="the language uses identifiers, numbers, operators and '#' comments")
-
-
-def _number(s: _Scanner, source: str, newline: bool) -> Token:
-    """An integer literal (digits) or a float literal (digits with a '.' and/or an exponent)."""
-    line, col, start = s.line, s.col, s.pos
-    is_float = False
-    while _is_digit(s.peek()):
-        s.advance()
-    if s.peek() == ".":
-        is_float = True
-        s.advance()
-        while _is_digit(s.peek()):
-            s.advance()
-    if s.peek() in ("e", "E") and (_is_digit(s.peek(1)) or (s.peek(1) in "+-" and s.peek(1) != ""
-                                                            and _is_digit(s.peek(2)))):
-        is_float = True
-        s.advance(2)
-        while _is_digit(s.peek()):
-            s.advance()
-    span = Span(line, col, s.line, s.col)
-    if _is_ident_char(s.peek()) or s.peek() == ".":
-        while _is_ident_char(s.peek()) or s.peek() == ".":
-            s.advance()
-        bad = source[start:s.pos]
-        raise ParseError(f"malformed number '{bad}'", Span(line, col, s.line, s.col), source,
+def _number(source: str, start: int, end: int, line: int, col: int) -> tuple[str, int | float]:
+    """The kind (``"int"`` or ``"float"``) and value of the number literal ``source[start:end]`` at
+    ``line:col``. Raises :class:`ParseError` when it runs into a letter, digit, ``_`` or ``.`` (a malformed
+    number) or is out of range."""
+    text = source[start:end]
+    tail = _NUMBER_TAIL.match(source, end)
+    if tail:
+        bad = source[start:tail.end()]
+        raise ParseError(f"malformed number '{bad}'", Span(line, col, line, col + len(bad)), source,
                          hint="write integers as 42 and floats as 4.2, 4.2e-3 or 1e9")
-    text = source[start:s.pos]
-    if is_float:
+    span = Span(line, col, line, col + len(text))
+    if any(c in text for c in ".eE"):
         value = float(text)
         if value in (float("inf"), float("-inf")):
             raise ParseError(f"float literal '{text}' is out of range", span, source,
                              hint="the largest float literal is about 1.8e308")
-        return Token("float", text, span, newline, value)
+        return "float", value
     value = int(text)
     if value > MAX_INT_LITERAL:
         raise ParseError(f"integer literal {text} is out of range", span, source,
                          hint=f"integer literals must be at most {MAX_INT_LITERAL} (int64)")
-    return Token("int", text, span, newline, value)
+    return "int", value

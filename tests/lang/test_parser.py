@@ -51,6 +51,26 @@ def test_number_kinds():
     assert kinds == [("int", 1), ("float", 2.5), ("float", 0.5), ("float", 3.0), ("float", 1e9), ("float", 0.07)]
 
 
+def test_spans_after_tabs_comments_and_line_breaks_and_ascii_only_identifiers():
+    toks = tokenize("a\t# x\n  T.12 in.1\n\n\tb1_")
+    assert [(t.kind, t.text, t.span) for t in toks] == [
+        ("ident", "a", Span(1, 1, 1, 2)), ("ident", "T.12", Span(2, 3, 2, 7)), ("keyword", "in", Span(2, 8, 2, 10)),
+        ("float", ".1", Span(2, 10, 2, 12)), ("ident", "b1_", Span(4, 2, 4, 5)), ("eof", "", Span(4, 5, 4, 6))]
+    for bad, message, col in (("x = 2x", "malformed number '2x'", 5), ("x = 1.2.3", "malformed number '1.2.3'", 5),
+                              ("x = \u0661", "unexpected character", 5), ("\u00e9", "unexpected character", 1)):
+        with pytest.raises(ParseError, match=message) as info:
+            tokenize(bad)
+        assert info.value.span.col == col
+
+
+def test_a_text_parsed_again_is_the_same_program_and_errors_are_raised_again():
+    text = "def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }"
+    assert parse(text) is parse(text) and parse(text) == parse(text + " ")
+    for _ in range(2):
+        with pytest.raises(ParseError, match="unexpected character"):
+            parse(text + " $")
+
+
 # ---- trees ----
 
 def test_matmul_tree():
