@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from . import debug
-from .codegen import load_object
+from .codegen import compile_module, load_object
 from .errors import KernelRuntimeError, PolycError, ShapeError
 from .lang import ast as L
 from .lang import check_def, parse
@@ -106,7 +106,7 @@ class Compiled:
                 debug.log(f"{self.name} {self.sizes}: loaded from the disk cache; compiling again to show its "
                           "stages")
                 self._stages = compile_kernel(self.kernel.checked, self.sizes, self.options, self.kernel.target,
-                                              self.constants)
+                                              self.constants, compile_ir=self.kernel.compile_ir)
         return self._stages
 
     def stage(self, name: str) -> str:
@@ -352,7 +352,8 @@ class Kernel:
         compiled = cache.fetch(disk_key, decode, f"entry for {self.name}")
         if compiled is None:
             cut_before = schedule_module.cut_off
-            stages = compile_kernel(self.checked, sizes, options, self.target, constants, self.take_scop(sizes))
+            stages = compile_kernel(self.checked, sizes, options, self.target, constants, self.take_scop(sizes),
+                                    self.compile_ir)
             shapes = input_shapes(self.checked, sizes)  # a packed input's Scop shape is its packed one
             tensors = [TensorSpec(t.name, t.dtype, shapes[t.name] if t.packed else tuple(t.shape), t.role, t.packed)
                        for t in stages.scop.tensors if t.role != "local"]
@@ -363,6 +364,21 @@ class Kernel:
         debug.log(f"{self.name} {sizes}: ready in {(time.perf_counter() - t) * 1e3:.1f} ms "
                   f"({'disk cache' if compiled._stages is None else 'compiled'})")
         return compiled
+
+    def compile_ir(self, text: str, target, opt_level: int, unroll: bool):
+        """:func:`~polyc.codegen.compile_module` behind the disk cache keyed by the LLVM IR text itself, a
+        second tier under the kernel's key: option sets or shapes that lower to the same IR (a tile size
+        larger than the loop, fusion options on a def with nothing to fuse) share one object instead of
+        running LLVM again (Triton keys its kernel cache by the IR the same way). The loaded module makes its
+        ``asm`` from ``text`` on demand."""
+        key = cache.make_key("object", text, target.key(), opt_level, unroll)
+        symbols = (symbol(self.name),)
+        jit = cache.fetch(key, lambda entry: load_object(entry["object"], target, symbols, text, opt_level, unroll),
+                          f"object of {self.name}")
+        if jit is None:
+            jit = compile_module(text, target, opt_level, unroll)
+            cache.store(key, {"object": jit.object_code})
+        return jit
 
     def take_scop(self, sizes: dict):
         """The Scop :meth:`signature` built for ``sizes``, handed over once (the pipeline starts from it, so

@@ -118,9 +118,10 @@ class Stages(Lowered):
 
 
 def compile_kernel(checked: L.CheckedDef, sizes: dict, options: Options, target: Target,
-                   constants: frozenset = frozenset(), scop=None) -> Stages:
+                   constants: frozenset = frozenset(), scop=None, compile_ir=compile_module) -> Stages:
     """The whole pipeline for one kernel: :func:`lower`, :func:`emit` into a module of its own (function
-    :func:`symbol` of the def), LLVM's optimizer and the JIT."""
+    :func:`symbol` of the def), LLVM's optimizer and the JIT: ``compile_ir(ir_text, target, opt_level,
+    unroll)`` (:func:`~polyc.codegen.compile_module`, or a caller's cache in front of it)."""
     lowered = lower(checked, sizes, options, target, constants, scop)
 
     def llvm_module() -> str:
@@ -130,5 +131,5 @@ def compile_kernel(checked: L.CheckedDef, sizes: dict, options: Options, target:
 
     log = debug.StageLogger()
     llvm = log("llvm", llvm_module)
-    jit = log("jit", compile_module, llvm, target, options.opt_level, options.unroll != 0, show=lambda _: None)
+    jit = log("jit", compile_ir, llvm, target, options.opt_level, options.unroll != 0, show=lambda _: None)
     return Stages(**vars(lowered), llvm=llvm, jit=jit)

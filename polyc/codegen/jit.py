@@ -99,6 +99,7 @@ class JitModule:
         self.object_code = object_code
         self.ir = ir_text
         self._asm: str | None = None
+        self._source: tuple[str, bool] | None = None  # (unoptimized IR, unroll) of a loaded object, for asm
 
     def address(self, name: str) -> int:
         """The address of function ``name`` (via ``ExecutionEngine.get_function_address``).
@@ -114,12 +115,18 @@ class JitModule:
 
     @property
     def asm(self) -> str:
-        """The module's assembly, from ``TargetMachine.emit_assembly`` on a copy of the optimized IR."""
+        """The module's assembly, from ``TargetMachine.emit_assembly`` on a copy of the optimized IR (for a
+        module loaded from an object, the IR it was compiled from optimized again, when the loader gave it)."""
         if self._asm is None:
-            if not self.ir:
-                return "; loaded from an object file: no assembly text"
             with _LOCK:
-                copy = llvm.parse_assembly(self.ir)
+                if self.ir:
+                    copy = llvm.parse_assembly(self.ir)
+                elif self._source is not None:
+                    text, unroll = self._source
+                    copy, machine, _ = _optimize(text, self._target, self._opt_level, unroll)
+                    machine.close()
+                else:
+                    return "; loaded from an object file: no assembly text"
                 self._asm = _target_machine(self._target, self._opt_level).emit_assembly(copy)
         return self._asm
 
@@ -148,6 +155,23 @@ def compile_module(module_or_ir_text, target: Target, opt_level: int = 3, unroll
 
 def _compile(text: str, target: Target, opt_level: int, unroll: bool = True) -> JitModule:
     """:func:`compile_module` without the pool (which is compiled through here itself). Call under ``_LOCK``."""
+    mod, tm, kernels = _optimize(text, target, opt_level, unroll)
+    what = ", ".join(kernels) or "an empty module"
+    _check_externals(mod, what)
+    ir_text = str(mod)
+    try:
+        object_code = bytes(tm.emit_object(mod))
+    except RuntimeError as e:
+        raise CompileError(f"jit: LLVM cannot generate code for {what}: {e}") from None
+    finally:
+        mod.close()
+        tm.close()
+    return _load(object_code, target, kernels, ir_text, opt_level)
+
+
+def _optimize(text: str, target: Target, opt_level: int, unroll: bool):
+    """Parse, verify and optimize ``text``: ``(module, target machine, names of the functions it defines)``.
+    Call under ``_LOCK``."""
     try:
         mod = llvm.parse_assembly(text)
     except RuntimeError as e:
@@ -177,17 +201,7 @@ def _compile(text: str, target: Target, opt_level: int, unroll: bool = True) -> 
     pb.close()
     pto.close()
     debug.log(f"---- optimized llvm ({what}) ----\n{mod}", at=6)
-
-    _check_externals(mod, what)
-    ir_text = str(mod)
-    try:
-        object_code = bytes(tm.emit_object(mod))
-    except RuntimeError as e:
-        raise CompileError(f"jit: LLVM cannot generate code for {what}: {e}") from None
-    finally:
-        mod.close()
-        tm.close()
-    return _load(object_code, target, kernels, ir_text, opt_level)
+    return mod, tm, kernels
 
 
 def _load(object_code: bytes, target: Target, kernels: tuple[str, ...], ir_text: str = "",
@@ -205,21 +219,25 @@ def _load(object_code: bytes, target: Target, kernels: tuple[str, ...], ir_text:
     return JitModule(engine, target, kernels, object_code, ir_text, opt_level)
 
 
-def load_object(object_code: bytes, target: Target, symbols: tuple[str, ...] = ()) -> JitModule:
+def load_object(object_code: bytes, target: Target, symbols: tuple[str, ...] = (), source: str = "",
+                opt_level: int = 3, unroll: bool = True) -> JitModule:
     """Load an object made by :func:`compile_module` (``JitModule.object_code``) into this process.
 
     The object is first checked by :func:`check_object` (it must be an ELF relocatable object for
     ``target``'s machine that defines every function in ``symbols``), then loaded by an MCJIT engine on an
     empty module (``ExecutionEngine.add_object_file``). ``ir`` is empty on the result and ``kernels`` is
-    ``symbols``. Thread-safe (serialized). Raises CompileError if the object is malformed, lacks a symbol,
-    or LLVM cannot load it.
+    ``symbols``; ``source`` (optional) is the LLVM IR the object was compiled from with ``opt_level`` and
+    ``unroll``, from which ``asm`` is made on demand. Thread-safe (serialized). Raises CompileError if the
+    object is malformed, lacks a symbol, or LLVM cannot load it.
     """
     object_code = bytes(object_code)
     check_object(object_code, target, symbols)
     with _LOCK:
         _init_llvm()
         _ensure_pool(target)
-        return _load(object_code, target, tuple(symbols))
+        jit = _load(object_code, target, tuple(symbols), opt_level=opt_level)
+    jit._source = (source, unroll) if source else None
+    return jit
 
 
 # ---- checking an object before LLVM reads it ---------------------------------------------------------

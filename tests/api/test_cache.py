@@ -53,9 +53,11 @@ def run(directory, n=4, m=5):
     return child(directory, RUN.format(n=n, m=m, src=ADD)).split()
 
 
-def object_entry(directory, before=()):
-    """The entry holding object code (not a signature) among those created after ``before``."""
-    found = [p for name, p in entries(directory).items() if name not in before and b'"object"' in p.read_bytes()]
+def object_entry(directory, before=(), tier="kernel"):
+    """The entry holding object code (not a signature) among those created after ``before``: the kernel's
+    own (``tier="kernel"``, which also lists its tensors) or the one keyed by its LLVM IR (``"ir"``)."""
+    found = [p for name, p in entries(directory).items() if name not in before and b'"object"' in p.read_bytes()
+             and (b'"tensors"' in p.read_bytes()) == (tier == "kernel")]
     assert len(found) == 1, found
     return found[0]
 
@@ -77,6 +79,41 @@ def test_a_forged_object_with_a_valid_mac_is_rejected_and_rebuilt(tmp_path):
     assert out == ""
     assert run(tmp_path) == ["COMPILED", "OK"]
     assert run(tmp_path) == ["DISK", "OK"]
+
+
+def test_a_forged_object_under_the_ir_key_is_rejected_and_rebuilt(tmp_path):
+    # the object keyed by the LLVM IR is read when the kernel's own entry is missing: forged, it is rejected too
+    assert run(tmp_path) == ["COMPILED", "OK"]
+    key = object_entry(tmp_path, tier="ir").stem
+    child(tmp_path, f"""
+        import random
+        value = cache.load({key!r})
+        value["object"] = bytes(random.Random(2).getrandbits(8) for _ in range(len(value["object"])))
+        cache.store({key!r}, value)
+    """)
+    object_entry(tmp_path).unlink()
+    assert run(tmp_path) == ["COMPILED", "OK"]
+    assert run(tmp_path) == ["DISK", "OK"]
+
+
+def test_option_sets_that_lower_to_the_same_ir_share_one_object(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    import polyc.kernel
+    calls = []
+    real = polyc.kernel.compile_module
+    monkeypatch.setattr(polyc.kernel, "compile_module", lambda *a: calls.append(a[0]) or real(*a))
+    a = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
+    plain = polyc.define(ADD).specialize(a, a)
+    # tiles larger than the loops: no tiling, the same IR; the object comes from the cache, not from LLVM
+    big_tiles = polyc.define(ADD, options=polyc.Options(tile_sizes=(64,))).specialize(a, a)
+    assert big_tiles.stage("llvm") == plain.stage("llvm")
+    assert len(calls) == 1 and calls[0] == plain.stage("llvm")
+    np.testing.assert_array_equal(big_tiles(a, a), a + a * 2)
+    assert big_tiles.stage("asm") == plain.stage("asm") and "vmov" in plain.stage("asm")
+    # another shape lowers to other IR: compiled
+    b = np.ones((6, 7), np.float32)
+    polyc.define(ADD).specialize(b, b)
+    assert len(calls) == 2
 
 
 def test_random_bytes_with_a_recomputed_checksum_are_rejected(tmp_path):
