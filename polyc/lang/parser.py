@@ -23,8 +23,6 @@ reads are checked at run time, see ``polyc.poly.build.mark_checked``). The parse
 """
 from __future__ import annotations
 
-import functools
-
 from ..errors import ParseError, PolycError, Span, UnsupportedError
 from . import ast as A
 from .lexer import Token, tokenize
@@ -48,17 +46,8 @@ MAX_DEPTH = 200
 _ASSIGN_SIMPLE = ("=", "+=", "*=", "+=!", "*=!")
 
 
-#: Programs parsed most recently, by text and file name (:func:`parse`).
-PARSED_CACHE_SIZE = 256
-
-
-@functools.lru_cache(maxsize=PARSED_CACHE_SIZE)
 def parse(source: str, filename: str = "<source>") -> A.Program:
     """Parse TC source text (any number of defs) into a :class:`~polyc.lang.ast.Program`.
-
-    A text parsed again (a library family loaded once per def, a lowering that repeats a node's text) is not
-    lexed again: the last PARSED_CACHE_SIZE programs are kept by ``(source, filename)``; they are frozen, so
-    every caller may share one. Errors are raised again on every call.
 
     Raises :class:`ParseError` for text outside the language and :class:`UnsupportedError` for a type of
     :data:`UNSUPPORTED_TYPES`.

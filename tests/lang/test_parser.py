@@ -63,14 +63,6 @@ def test_spans_after_tabs_comments_and_line_breaks_and_ascii_only_identifiers():
         assert info.value.span.col == col
 
 
-def test_a_text_parsed_again_is_the_same_program_and_errors_are_raised_again():
-    text = "def add(float(N) A, float(N) B) -> (C) { C(i) = A(i) + B(i) }"
-    assert parse(text) is parse(text) and parse(text) == parse(text + " ")
-    for _ in range(2):
-        with pytest.raises(ParseError, match="unexpected character"):
-            parse(text + " $")
-
-
 # ---- trees ----
 
 def test_matmul_tree():
