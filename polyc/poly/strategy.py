@@ -260,7 +260,7 @@ FMA_IN_FLIGHT = 8
 
 
 def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: int = 16,
-                        width: int | None = None, reductions: int = 2) -> tuple[int, int]:
+                        width: int | None = None, reductions: int = 2, height: int | None = None) -> tuple[int, int]:
     """``(MR, NR)``: the option, else NR = two vectors (``2 * vector_lanes`` elements) and MR rows such that
     the ``MR x pieces`` accumulators take half the vector registers, the other half holding the vector
     operand's rows and the broadcasts the backend keeps in flight (LLVM unrolls a convolution's window loops
@@ -281,7 +281,12 @@ def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: i
     convolution) has no window loops whose unrolled loads hold registers: it takes rows for one and a half
     times :data:`FMA_IN_FLIGHT` accumulators where the registers allow, the accumulators plus one row of the
     vector operand and one broadcast (``(registers - pieces - 1) // pieces``): 6 rows on AVX2 (12
-    accumulators; 4 rows are 8, no slack for a late load), unchanged on AVX-512 (8 rows are 16 already)."""
+    accumulators; 4 rows are 8, no slack for a late load), unchanged on AVX-512 (8 rows are 16 already).
+
+    The rows are then spread evenly over the tiles of a row member of extent ``height``: ``ceil(height / n)``
+    rows for its ``n = ceil(height / MR)`` tiles, so no tile is left with a row or two whose few accumulators
+    wait on the FMA latency (a 1x1 convolution channels-last at 7x7: 7 rows as 4 + 3 instead of 6 + 1, whose
+    one row of 2 accumulators took 2/3 of the time of a full tile for 1/6 of its work)."""
     if options.register_tile_sizes:
         sizes = tuple(options.register_tile_sizes) + (2 * vector_lanes,)
         return sizes[0], sizes[1]
@@ -293,7 +298,10 @@ def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: i
     if reductions <= 1:
         wanted = -(-3 * FMA_IN_FLIGHT // 2 // pieces)
         rows = max(rows, min(wanted, (vector_registers - pieces - 1) // pieces))
-    return max(1, rows), nr
+    rows = max(1, rows)
+    if height is not None and height > 0:
+        rows = -(-height // -(-height // rows))
+    return rows, nr
 
 
 def row_registers(width: int, vector_lanes: int) -> int:
@@ -426,7 +434,8 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     extents = band_extents(node)
     loops = [scop.ranges.get((stmt.name, i), (0, 1)) for i in stmt.indices if i not in stmt.lhs]
     mr, nr = register_tile_sizes(options, lanes(scop, target), target.vector_registers,
-                                 extents[v] if v is not None else None, sum(hi - lo > 1 for lo, hi in loops))
+                                 extents[v] if v is not None else None, sum(hi - lo > 1 for lo, hi in loops),
+                                 extents[u] if u is not None else None)
     itemsize = L.itemsize(scop.tensor(stmt.tensor).dtype)
     in_band = {member_index(node, k, stmt) for k in range(n)}
     depth = 1

@@ -390,6 +390,17 @@ def test_register_tile_rows_fit_the_partial_tile_in_half_the_registers():
     assert strategy.register_tile_sizes(options, 8, 16, reductions=1) == (6, 16)                # AVX2: 12
     assert strategy.register_tile_sizes(options, 16, 32, reductions=1) == (8, 32)               # AVX-512: as is
     assert strategy.register_tile_sizes(options, 8, 16, width=7, reductions=1) == (4, 16)       # 3 pieces
+    # the rows spread evenly over the tiles of a row member of ``height`` rows: no tile of a row or two
+    for lanes, height, reductions, rows in ((8, 7, 1, 4), (8, 14, 1, 5), (8, 13, 1, 5), (8, 56, 1, 6),
+                                           (8, 64, 1, 6), (8, 5, 2, 3), (16, 7, 2, 7), (16, 28, 2, 7),
+                                           (16, 64, 2, 8), (8, 1, 2, 1)):
+        mr = strategy.register_tile_sizes(options, lanes, 2 * lanes, reductions=reductions, height=height)[0]
+        assert mr == rows, (lanes, height, mr)
+        full = strategy.register_tile_sizes(options, lanes, 2 * lanes, reductions=reductions)[0]
+        tiles = -(-height // mr)
+        assert tiles == -(-height // full)  # as many tiles as before, the last one at least as full
+        assert height - (tiles - 1) * mr >= height - (tiles - 1) * full
+    assert strategy.register_tile_sizes(polyc.Options(register_tile_sizes=(6,)), 8, 16, height=7) == (6, 16)
     # and the kernel it gives (5 rows on an AVX-512 host, a partial row tile over 64 channels) is right
     src = """def conv(float(1,C,H,W) X, float(K,C,3,3) Wt) -> (Y) {
         Y(n, k, h, w) +=! X(n, c, h + r, w + s) * Wt(k, c, r, s)
