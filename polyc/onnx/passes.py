@@ -335,11 +335,15 @@ def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
     return g
 
 
-#: :func:`flatten_pointwise_conv` leaves a channels-last convolution alone below this many pixels: two
-#: register tiles of the widest vectors (2 x 2 x 16 float32 with AVX-512). Fewer fill those vectors worse
-#: than the output channels do (7x7, 96 -> 576 channels, AVX-512: 0.13 ms flattened, 0.08 channels-last),
-#: more fill them better (14x14, 240 -> 40 channels: 0.044 ms flattened, 0.052 channels-last; AVX2 alike).
-FLATTEN_MIN_PIXELS = 64
+def flatten_min_pixels() -> int:
+    """:func:`flatten_pointwise_conv` leaves a channels-last convolution alone below this many pixels: two
+    register tiles of the target's vectors (2 x NR = 4 x the float32 lanes: 64 with AVX-512, 32 with AVX2).
+    Fewer fill those vectors worse than the output channels do (7x7, 96 -> 576 channels, AVX-512: 0.13 ms
+    flattened, 0.08 channels-last), more fill them better (14x14, 240 -> 40 channels: 0.044 ms flattened, 0.052
+    channels-last). With AVX2's 8 lanes a 7x7 image (49 pixels) is past it: 160 -> 960 channels 0.35-0.52 ms
+    channels-last, 0.26-0.41 flattened (one process, interleaved, 1 thread, Zen 3); MobileNetV2 1 thread
+    0.67-0.71 -> 0.74-0.77 of onnxruntime, 2 threads 10.4 -> 9.8 ms; EfficientNet-B0 0.77 -> 0.83."""
+    return 4 * vector_lanes("float32")
 
 
 def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
@@ -353,7 +357,7 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
     the pixels, or are images of the same size, reshaped too, a compile-time constant reshaped at once), so
     the group stays one kernel; Reshapes of contiguous data are memory aliases, not kernels. A convolution
     the lowering computes channels-last (:func:`polyc.onnx.ops.core.channels_last`: vectors over the output
-    channels) stays as it is when its image has fewer than FLATTEN_MIN_PIXELS pixels, unless its weights
+    channels) stays as it is when its image has fewer than :func:`flatten_min_pixels` pixels, unless its weights
     stream from beyond L2 a line per page (:func:`_streams_weight_rows`)."""
     g = copy_graph(g)
     consts, tensors = g.graph["constants"], g.graph["tensors"]
@@ -373,7 +377,7 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
                 or any(d["attrs"].get("pads", [0, 0, 0, 0])):
             continue
         image = tensors[d["outputs"][0]].shape
-        if channels_last(image, 1, True) and h * w < FLATTEN_MIN_PIXELS \
+        if channels_last(image, 1, True) and h * w < flatten_min_pixels() \
                 and not _streams_weight_rows(np.asarray(consts[d["inputs"][1]]).nbytes):
             continue
         flat = lambda shape: tuple(shape[:-2]) + (1, shape[-2] * shape[-1])  # noqa: E731

@@ -195,12 +195,16 @@ def test_strided_conv_becomes_space_to_depth_when_it_adds_little_work(kernel, st
     assert convs[0]["attrs"].get("strides", [1, 1]) == ([1, 1] if phases else list(strides))
 
 
-@pytest.mark.parametrize("shape,channels,flattened", [((1, 6, 9, 7), 8, True), ((2, 5, 11, 13), 3, True),
-                                                     ((1, 16, 7, 7), 40, False)])  # channels-last below 64 px
-def test_pointwise_conv_runs_over_the_flattened_image(shape, channels, flattened):
+@pytest.mark.parametrize("shape,channels,lanes,flattened", [
+    ((1, 6, 9, 7), 8, 16, True), ((2, 5, 11, 13), 3, 16, True),
+    ((1, 16, 7, 7), 40, 16, False),  # channels-last below two register tiles of pixels: 64 with AVX-512,
+    ((1, 16, 7, 7), 40, 8, True),    # 32 with AVX2's 8 lanes
+    ((1, 16, 5, 5), 40, 8, False)])
+def test_pointwise_conv_runs_over_the_flattened_image(monkeypatch, shape, channels, lanes, flattened):
     """A 1x1 Conv and the elementwise nodes its fusion group takes in (a per-channel constant, a residual
     image, an activation; a diamond such as x * sigmoid(x)) run over (N, C, 1, H*W), with one Reshape back
     where the image is read otherwise (a pooling), and each group is still one kernel."""
+    monkeypatch.setattr(passes, "vector_lanes", lambda dtype: lanes)
     n, c, h, w = shape
     wt = RNG.standard_normal((channels, c, 1, 1)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["t"]),
