@@ -334,7 +334,9 @@ CASES = [
     Case("exp2", 1, lambda d: SPECIAL + [1, -1, 0.5, 127.99, 128, -126, -149, -149.5, -150, 1023.9, 1024, -1074, -1075],
          _by_dtype([_uniform(-160, 140)], [_uniform(-1100, 1040)]), _mp_real(lambda v: mp.power(2, v), at_inf=lambda v: INF if v > 0 else 0.0), (2, 2)),
     Case("exp10", 1, lambda d: SPECIAL + [1, 2, -1, 38.5, 38.6, -45.3, -46, 308.2, 308.3, -323.3, -324.5],
-         _by_dtype([_uniform(-48, 40)], [_uniform(-330, 310)]), _mp_real(lambda v: mp.power(10, v), at_inf=lambda v: INF if v > 0 else 0.0), (2, 2)),
+         _by_dtype([_uniform(-48, 40)], [_uniform(-330, 310)]), _mp_real(lambda v: mp.power(10, v), at_inf=lambda v: INF if v > 0 else 0.0),
+         # float32: glibc's libmvec promises 4 ulps (its AVX-512 exp10f, _ZGVeN16v_exp10f, measured 3.38 on Zen 5)
+         (4, 2)),
     Case("expm1", 1, lambda d: SPECIAL + _tiny(d) + [1e-10, -1e-10, 88.7, 89, 709.7, 710, -20, -40],
          _by_dtype([_mix(_uniform(-30, 90), _log_uniform(-12, 0))], [_mix(_uniform(-40, 710), _log_uniform(-20, 0))]),
          _mp_real(mp.expm1, at_inf=lambda v: INF if v > 0 else -1.0, keep_zero=True), (2, 2),
