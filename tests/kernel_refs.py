@@ -227,6 +227,14 @@ def _depthwise_ref(x, f):
     return _f32(y)
 
 
+def _nhwc_pad1(ref):
+    """``ref`` (an NCHW reference) of a channels-last input padded by 1 on each side, the result channels-last."""
+    def run(x, f):
+        xp = np.pad(np.moveaxis(x, 3, 1), ((0, 0), (0, 0), (1, 1), (1, 1)))
+        return np.ascontiguousarray(np.moveaxis(ref(xp, f), 1, 3))
+    return run
+
+
 CONV_CASES = [
     KernelCase("conv2d", "conv2d", _conv_inputs, lambda x, f: _f32(conv_nchw(x, f)), CONV_SHAPES, _conv_terms),
     KernelCase("conv2d", "conv2d_3x3",
@@ -264,6 +272,18 @@ CONV_CASES = [
                (dict(N=1, C=1, H=3, W=3, KH=3, KW=3), dict(N=2, C=5, H=7, W=9, KH=3, KW=3),
                 dict(N=1, C=13, H=5, W=4, KH=2, KW=1), dict(N=1, C=3, H=37, W=41, KH=3, KW=3)),
                lambda s: s["KH"] * s["KW"]),
+    KernelCase("conv2d", "conv2d_depthwise_nhwc_pad1",
+               lambda r, s: (normal(r, s["N"], s["H"], s["W"], s["C"]), normal(r, s["KH"], s["KW"], s["C"])),
+               _nhwc_pad1(lambda x, f: _depthwise_ref(x, np.moveaxis(f, 2, 0))),
+               (dict(N=1, C=1, H=1, W=1, KH=3, KW=3), dict(N=2, C=5, H=7, W=9, KH=3, KW=3),
+                dict(N=1, C=33, H=7, W=7, KH=3, KW=3), dict(N=1, C=48, H=11, W=13, KH=5, KW=5)),
+               lambda s: s["KH"] * s["KW"]),
+    KernelCase("conv2d", "conv2d_nhwc_pad1",
+               lambda r, s: (normal(r, s["N"], s["H"], s["W"], s["C"]), normal(r, s["C"], s["KH"], s["KW"], s["M"])),
+               _nhwc_pad1(lambda x, f: _f32(conv_nchw(x, np.moveaxis(f, 3, 0)))),
+               (dict(N=1, C=1, H=1, W=1, M=1, KH=3, KW=3), dict(N=2, C=3, H=7, W=5, M=5, KH=3, KW=3),
+                dict(N=1, C=17, H=7, W=7, M=37, KH=1, KW=1), dict(N=1, C=8, H=14, W=14, M=64, KH=3, KW=3)),
+               lambda s: s["C"] * s["KH"] * s["KW"]),
 ]
 
 

@@ -21,6 +21,7 @@ from .folding import NONDETERMINISTIC, evaluate_node, fold_constants, fold_with_
 from .graph import (TensorInfo, add_op, connect, consumers, copy_graph, fresh_name, producer, remove_op,
                     replace_uses, set_constant, to_model, topo_order)
 from .fusion import ALIASES, ELEMENTWISE, close_diamond
+from .layout import LAYOUT_ATTR, channels_last_regions
 from .load import infer_shapes
 from .ops import converter
 from .ops.core import channels_last, l2_bytes, vector_lanes
@@ -365,7 +366,7 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
         if nid not in g:
             continue
         d = g.nodes[nid]
-        if d["op"] != "Conv" or d["inputs"][1] not in consts:
+        if d["op"] != "Conv" or d["inputs"][1] not in consts or LAYOUT_ATTR in d["attrs"]:
             continue
         geo = _conv_geometry(g, d)
         if geo is None:
@@ -492,7 +493,7 @@ def explicit_conv_padding(g: nx.DiGraph) -> nx.DiGraph:
     consts, tensors = g.graph["constants"], g.graph["tensors"]
     for nid in topo_order(g):
         d = g.nodes[nid]
-        if d["op"] != "Conv" or d["inputs"][1] not in consts:
+        if d["op"] != "Conv" or d["inputs"][1] not in consts or LAYOUT_ATTR in d["attrs"]:
             continue
         x_name = d["inputs"][0]
         x, y, w = tensors.get(x_name), tensors.get(d["outputs"][0]), consts[d["inputs"][1]]
@@ -603,12 +604,15 @@ def simplify(g: nx.DiGraph, space_to_depth: bool = True) -> nx.DiGraph:
     g = decompose_batchnorm(g)
     if space_to_depth:
         g = strided_conv_to_space_to_depth(g)
-    g = explicit_conv_padding(g)
-    g = flatten_pointwise_conv(g)
     g = fold_constants(g)
     g = fold_with_shapes(g)
     g = eliminate_dead_code(g)
     g = infer_static_shapes(g)
+    # shapes are final from here: the passes below set the shapes of what they write themselves
+    g = channels_last_regions(g)
+    g = explicit_conv_padding(g)
+    g = flatten_pointwise_conv(g)
+    g = eliminate_dead_code(g)
     return g
 
 

@@ -193,6 +193,8 @@ def conv(b: Builder, node):
     output channel is the stride-1 (vector) dimension; the NCHW result is read back from ``T`` by the
     statement that applies the bias and whatever the group fuses after the convolution.
     """
+    if attr(node, "polyc_layout") == "NHWC":
+        return [_conv_nhwc(b, node)]
     x = b.input(node, 0)
     weights = node["inputs"][1]
     ys = b.out_shape(node)
@@ -251,6 +253,46 @@ def _conv_channels_last(b: Builder, x, wt, bias, ys, kernel, strides, dil, pb):
         value = t.at([idx[0]] + list(idx[2:]) + [idx[1]])
         return f"({value} + {bias.at([idx[1]])})" if bias is not None else value
     return lazy(ys, x.dtype, nchw)
+
+
+def _conv_nhwc(b: Builder, node):
+    """A 2-D Conv of a channels-last region (:mod:`polyc.onnx.layout`): input ``X(n, h, w, c)`` and output
+    ``(n, oh, ow, m)``; group 1 as ``Y(n, oh, ow, m) += X(n, h, w, c) * WT(c, kh, kw, m)``, depthwise as
+    ``Y(n, oh, ow, c) += X(n, h, w, c) * WD(kh, kw, c)``, the weights re-laid from ONNX's ``(M, C/group, kh,
+    kw)`` at compile time, so the channel is the stride-1 (vector) dimension of every access."""
+    x, bias = b.input(node, 0), b.input(node, 2)
+    w = np.asarray(b.consts[node["inputs"][1]])
+    ys = b.out_shape(node)
+    kernel = list(attr(node, "kernel_shape", w.shape[2:]))
+    strides = list(attr(node, "strides", [1, 1]))
+    dil = list(attr(node, "dilations", [1, 1]))
+    pb = pads_begin(node, x.shape[1:3], ys[1:3], kernel, strides, dil)
+    depthwise = attr(node, "group", 1) != 1
+    if depthwise:
+        wt = b.constant_table(np.ascontiguousarray(np.transpose(w[:, 0], (1, 2, 0))), "wD")
+        real, names = reduction_dims(kernel)
+    else:
+        wt = b.constant_table(np.ascontiguousarray(np.transpose(w, (1, 2, 3, 0))), "wT")
+        real, names = reduction_dims([x.shape[3]] + kernel)
+
+    def body(idx, red):
+        n, sp, m = idx[0], idx[1:3], idx[3]
+        if depthwise:
+            ks, c = names(red), m
+        else:
+            c, *ks = names(red)
+        coords, conds = [], []
+        for i in range(2):
+            t, cs = window(sp[i], ks[i], strides[i], dil[i], pb[i], x.shape[1 + i], ys[1 + i], kernel[i])
+            coords.append(t)
+            conds += cs
+        weight = wt.at(list(ks) + [m]) if depthwise else wt.at([c] + list(ks) + [m])
+        prod = f"{x.at([n] + coords + [c])} * {weight}"
+        return f"({guard(conds)}) ? {prod} : {zero(x.dtype)}" if conds else prod
+    t = b.emit(ys, x.dtype, body, reduce_op_for(real), real)
+    if bias is None:
+        return t
+    return lazy(ys, x.dtype, lambda idx: f"({t.at(idx)} + {bias.at([idx[3]])})")
 
 
 def conv_transpose(b: Builder, node):
@@ -550,9 +592,10 @@ CONVERTERS = {
 
 _SPATIAL = {"auto_pad", "dilations", "kernel_shape", "pads", "strides"}
 
-#: Every attribute ONNX defines for the op (opsets 7..newest); anything else is reported.
+#: Every attribute ONNX defines for the op (opsets 7..newest), and polyc's own ``polyc_layout`` that
+#: :mod:`polyc.onnx.layout` sets on a Conv (onnx's checker rejects it in a model); anything else is reported.
 KNOWN_ATTRS = {
-    "Conv": _SPATIAL | {"group"}, "ConvTranspose": _SPATIAL | {"group", "output_padding", "output_shape"},
+    "Conv": _SPATIAL | {"group", "polyc_layout"}, "ConvTranspose": _SPATIAL | {"group", "output_padding", "output_shape"},
     "Gemm": {"alpha", "beta", "transA", "transB"}, "LeakyRelu": {"alpha"}, "Gelu": {"approximate"},
     "Clip": {"min", "max"}, "Cast": {"to", "saturate"},
     "BatchNormalization": {"epsilon", "momentum", "spatial", "training_mode"}, "LRN": {"alpha", "beta", "bias", "size"},
@@ -564,6 +607,7 @@ KNOWN_ATTRS = {
 
 #: Attribute values polyc does not handle: op -> {attr: predicate(value) -> True when supported}.
 SUPPORTED_VALUES = {
+    "Conv": {"polyc_layout": lambda v: v in ("NHWC", b"NHWC")},
     "BatchNormalization": {"training_mode": lambda v: v == 0, "spatial": lambda v: v == 1},
     "LayerNormalization": {"stash_type": lambda v: v == 1},
 }

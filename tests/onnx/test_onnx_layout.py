@@ -1,0 +1,166 @@
+"""Channels-last regions (polyc/onnx/layout.py): which convolutions run NHWC, and the results stay onnxruntime's.
+
+Each model is compiled by polyc (the native program and the Python executor) and compared with onnxruntime on
+the original model; the simplified graph is checked for the NHWC Convs and the boundary Transposes.
+"""
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import polyc
+import polyc.onnx as ponnx
+from polyc.onnx import graph as G
+from polyc.onnx import passes
+from polyc.onnx.layout import LAYOUT_ATTR, NHWC, find_regions
+from polyc.onnx.load import load_model
+
+import onnxruntime as ort  # noqa: E402  (a test dependency: a missing install must fail, not skip)
+
+RNG = np.random.default_rng(7)
+
+
+class Net:
+    """A small ONNX graph builder: each method appends a node and returns its output's name."""
+
+    def __init__(self, shape):
+        self.nodes, self.inits, self.shape, self.k = [], [], shape, 0
+
+    def _name(self, base):
+        self.k += 1
+        return f"{base}{self.k}"
+
+    def const(self, array):
+        name = self._name("c")
+        self.inits.append(numpy_helper.from_array(np.asarray(array, np.float32), name))
+        return name
+
+    def op(self, op, inputs, **attrs):
+        out = self._name(op.lower())
+        self.nodes.append(helper.make_node(op, list(inputs), [out], name=out, **attrs))
+        return out
+
+    def conv(self, x, cin, cout, k=1, stride=1, group=1, bias=True, **attrs):
+        w = self.const(RNG.normal(0, (2 / (cin // group * k * k)) ** 0.5, (cout, cin // group, k, k)))
+        inputs = [x, w] + ([self.const(RNG.normal(0, 0.1, cout))] if bias else [])
+        if "pads" not in attrs and "auto_pad" not in attrs:
+            attrs["pads"] = [k // 2] * 4
+        return self.op("Conv", inputs, kernel_shape=[k, k], strides=[stride, stride], group=group, **attrs)
+
+    def clip(self, x):
+        return self.op("Clip", [x, self.const(0.0), self.const(6.0)])
+
+    def model(self, outputs):
+        graph = helper.make_graph(self.nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                    self.shape)],
+                                  [helper.make_tensor_value_info(o, TensorProto.FLOAT, [f"{o}_{d}" for d in "nchw"])
+                                   for o in outputs],
+                                  initializer=self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+        model.ir_version = 7
+        return model
+
+
+def inverted_residual(net, x, c, expand, k=3, stride=1, **dw):
+    """MobileNetV2's block: 1x1 expand + ReLU6, depthwise k x k + ReLU6, 1x1 project, residual Add."""
+    h = net.clip(net.conv(x, c, c * expand))
+    h = net.clip(net.conv(h, c * expand, c * expand, k=k, stride=stride, group=c * expand, **dw))
+    h = net.conv(h, c * expand, c)
+    return net.op("Add", [h, x]) if stride == 1 else h
+
+
+def simplified(model):
+    return passes.simplify(G.from_model(load_model(model)))
+
+
+def nhwc_convs(g):
+    return sorted(n for n, d in g.nodes(data=True) if d["op"] == "Conv" and d["attrs"].get(LAYOUT_ATTR) == NHWC)
+
+
+def check_against_onnxruntime(model, shape, monkeypatch, rtol=2e-4, atol=2e-5):
+    """polyc's native program and its Python executor against onnxruntime on the original model."""
+    x = RNG.normal(0, 1, shape).astype(np.float32)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    want = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for executor in ("native", "python"):
+        monkeypatch.setenv("POLYC_EXECUTOR", executor)
+        got = ponnx.compile(model, polyc.Options(threads=2), progress=False).run({"x": x})
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+def test_mobilenet_stage_runs_channels_last(monkeypatch):
+    """Two inverted residuals at 14x14 after a stride-2 depthwise one from 28x28: one region holding every
+    convolution but the first 1x1 (28 wide: NCHW), a Transpose in before the strided depthwise conv and one out
+    to the final graph output."""
+    net = Net([1, 16, 28, 28])
+    h = net.clip(net.conv("x", 16, 64))
+    h = net.clip(net.conv(h, 64, 64, k=3, stride=2, group=64))
+    h = net.conv(h, 64, 32)
+    h = inverted_residual(net, h, 32, 4)
+    y = inverted_residual(net, h, 32, 6)
+    model = net.model([y])
+    g = simplified(model)
+    convs = [n for n, d in g.nodes(data=True) if d["op"] == "Conv"]
+    assert len(nhwc_convs(g)) == len(convs) - 1 == 8
+    transposes = [d["attrs"]["perm"] for n, d in g.nodes(data=True) if d["op"] == "Transpose"]
+    assert sorted(transposes) == [[0, 2, 3, 1], [0, 3, 1, 2]]
+    assert g.graph["tensors"][y].shape == (1, 32, 14, 14)
+    check_against_onnxruntime(model, [1, 16, 28, 28], monkeypatch)
+
+
+@pytest.mark.parametrize("dw", [dict(pads=[0, 1, 2, 1]), dict(auto_pad="SAME_UPPER"), dict(auto_pad="VALID"),
+                                dict(pads=[2, 2, 2, 2], dilations=[2, 2]), dict(pads=[1, 1, 1, 1], bias=False)],
+                         ids=["asymmetric", "same_upper", "valid", "dilated", "no_bias"])
+def test_depthwise_geometries(dw, monkeypatch):
+    """Padding (asymmetric, SAME_UPPER, none), dilation and a missing bias in an NHWC depthwise convolution,
+    with a 5x5 window, at an odd width."""
+    net = Net([1, 48, 11, 11])
+    h = net.clip(net.conv("x", 48, 48))
+    bias = dw.pop("bias", True)
+    h = net.conv(h, 48, 48, k=5 if "dilations" not in dw else 3, group=48, bias=bias, **dw)
+    y = net.conv(net.op("Relu", [h]), 48, 64)
+    model = net.model([y])
+    assert len(nhwc_convs(simplified(model))) == 3
+    check_against_onnxruntime(model, [1, 48, 11, 11], monkeypatch)
+
+
+def test_region_tensors_read_outside_and_broadcast_operands(monkeypatch):
+    """A tensor of the region that is also a graph output and read by a node outside (a GlobalAveragePool:
+    a Transpose back to NCHW under its own name), a squeeze-excitation Mul by a (1, C, 1, 1) tensor computed
+    outside the region, per-channel constants (C, 1, 1) and (1, C, 1, 1), and a HardSwish."""
+    net = Net([1, 32, 7, 7])
+    h = net.op("HardSwish", [net.conv("x", 32, 64)])
+    h = net.conv(h, 64, 64, k=3, group=64)
+    scale = net.op("Sigmoid", [net.conv(net.op("GlobalAveragePool", [h]), 64, 64, k=1, pads=[0, 0, 0, 0])])
+    h = net.op("Mul", [h, scale])
+    h = net.op("Add", [h, net.const(RNG.normal(0, 1, (64, 1, 1)))])
+    mid = net.op("Mul", [h, net.const(RNG.normal(0, 1, (1, 64, 1, 1)))])
+    y = net.conv(mid, 64, 32)
+    pooled = net.op("GlobalAveragePool", [mid])
+    model = net.model([y, mid, pooled])
+    g = simplified(model)
+    assert len(nhwc_convs(g)) == 4  # the squeeze-excitation 1x1 conv too (1 column, its Sigmoid read by the Mul)
+    check_against_onnxruntime(model, [1, 32, 7, 7], monkeypatch)
+
+
+def test_regions_need_a_depthwise_convolution_and_two_convolutions():
+    """A ResNet-like run of 1x1 and 3x3 convolutions at 7x7 keeps the per-convolution form (no region: a
+    depthwise convolution is what needs its input channels-last), and so does a lone depthwise convolution."""
+    net = Net([1, 64, 7, 7])
+    h = net.op("Relu", [net.conv("x", 64, 64)])
+    h = net.op("Relu", [net.conv(h, 64, 64, k=3)])
+    resnet = net.model([net.op("Add", [net.conv(h, 64, 64), "x"])])
+    g = simplified(resnet)
+    assert find_regions(G.from_model(load_model(resnet))) == [] and nhwc_convs(g) == []
+    net = Net([1, 64, 7, 7])
+    lone = net.model([net.clip(net.conv("x", 64, 64, k=3, group=64))])
+    assert nhwc_convs(simplified(lone)) == []
+
+
+def test_wide_images_stay_nchw():
+    """Depthwise convolutions at 56 columns fill NCHW vectors well: no region there."""
+    net = Net([1, 24, 56, 56])
+    y = inverted_residual(net, "x", 24, 6)
+    assert nhwc_convs(simplified(net.model([y]))) == []
