@@ -117,24 +117,35 @@ def test_every_stage_prints():
 
 
 def test_disk_cache_skips_compilation_in_a_second_process_and_survives_corruption(tmp_path):
+    """A second process loads the kernel from disk; a corrupted entry is compiled again and stored again. A
+    compile whose scheduler run the time box cut off (a loaded machine: the suite's other worker) is not stored
+    (polyc.poly.schedule.cut_off), so the store is repeated until one compile ran uncut."""
     script = textwrap.dedent(f"""
         import numpy as np, polyc
-        from polyc import debug
+        from polyc.poly import schedule
         k = polyc.define({MATMUL!r})
         a = np.ones((3, 2), np.float32); b = np.ones((2, 4), np.float32)
         c = k.specialize(a, b)
-        print("FROM_DISK" if c._stages is None else "COMPILED", float(k(a, b).sum()))
+        print("FROM_DISK" if c._stages is None else "COMPILED", float(k(a, b).sum()), schedule.cut_off)
     """)
     env = {"POLYC_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     run = lambda: subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                                  check=True).stdout.split()
-    assert run() == ["COMPILED", "24.0"]
-    assert run() == ["FROM_DISK", "24.0"]
+
+    def compile_and_store():
+        for _ in range(5):
+            how, total, cut = run()
+            assert (how, total) == ("COMPILED", "24.0")
+            if cut == "0":
+                return
+        pytest.fail("the scheduler's time box cut off five compiles of a 3x2x4 matmul in a row")
+    compile_and_store()
+    assert run()[:2] == ["FROM_DISK", "24.0"]
     for entry in tmp_path.glob("*.polyc"):
         data = entry.read_bytes()
         entry.write_bytes(data[:-10] + b"0123456789")  # corrupt the payload: the checksum no longer matches
-    assert run() == ["COMPILED", "24.0"]
-    assert run() == ["FROM_DISK", "24.0"]
+    compile_and_store()
+    assert run()[:2] == ["FROM_DISK", "24.0"]
 
 
 def test_cache_rejects_garbage(tmp_path, monkeypatch):
