@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import UnsupportedError
 from .load import ModelError
-from .layout import LAYOUT_ATTR, NHWC, TO_NCHW
+from .layout import LAYOUT_ATTR, NCHW_IN, NHWC, TO_NCHW
 
 #: Ops that broadcast their inputs numpy-style (multidirectional broadcasting) to the output.
 BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less",
@@ -244,8 +244,8 @@ def _expected(g, nid, d):
         if len(w) != rank:
             return None, f"weights of shape {list(w)} do not match input shape {list(x)} (rank)"
         channels = w[1] * group if op == "Conv" else w[0]
-        if _attr(d, LAYOUT_ATTR) == NHWC:  # a Conv of a channels-last region: the channel is the last dimension
-            x = tuple(x[p] for p in TO_NCHW)
+        if _attr(d, LAYOUT_ATTR) in (NHWC, NCHW_IN):  # a Conv of a channels-last region: NHWC output
+            x = tuple(x[p] for p in TO_NCHW) if _attr(d, LAYOUT_ATTR) == NHWC else x
             outs = [None if o is None else tuple(o[p] for p in TO_NCHW) for o in outs]
         if x[1] != channels:
             return None, (f"input shape {list(x)} has {x[1]} channels, the weights {list(w)} with group {group} "

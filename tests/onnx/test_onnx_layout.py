@@ -11,7 +11,7 @@ import polyc
 import polyc.onnx as ponnx
 from polyc.onnx import graph as G
 from polyc.onnx import passes
-from polyc.onnx.layout import LAYOUT_ATTR, NHWC, find_regions
+from polyc.onnx.layout import LAYOUT_ATTR, NCHW_IN, NHWC, find_regions
 from polyc.onnx.load import load_model
 
 import onnxruntime as ort  # noqa: E402  (a test dependency: a missing install must fail, not skip)
@@ -72,8 +72,9 @@ def simplified(model):
     return passes.simplify(G.from_model(load_model(model)))
 
 
-def nhwc_convs(g):
-    return sorted(n for n, d in g.nodes(data=True) if d["op"] == "Conv" and d["attrs"].get(LAYOUT_ATTR) == NHWC)
+def nhwc_convs(g, layout=NHWC):
+    """The Convs of ``g`` with NHWC input and output (``layout=NCHW_IN``: the regions' heads, NCHW input)."""
+    return sorted(n for n, d in g.nodes(data=True) if d["op"] == "Conv" and d["attrs"].get(LAYOUT_ATTR) == layout)
 
 
 def check_against_onnxruntime(model, shape, monkeypatch, rtol=2e-4, atol=2e-5):
@@ -92,8 +93,8 @@ def check_against_onnxruntime(model, shape, monkeypatch, rtol=2e-4, atol=2e-5):
 
 def test_mobilenet_stage_runs_channels_last(monkeypatch):
     """Two inverted residuals at 14x14 after a stride-2 depthwise one from 28x28: one region holding every
-    convolution but the first 1x1 (28 wide: NCHW), a Transpose in before the strided depthwise conv and one out
-    to the final graph output."""
+    convolution, the first 1x1 (28 wide) as its head (reading the NCHW input, writing NHWC), and one
+    Transpose, out to the final graph output."""
     net = Net([1, 16, 28, 28])
     h = net.clip(net.conv("x", 16, 64))
     h = net.clip(net.conv(h, 64, 64, k=3, stride=2, group=64))
@@ -103,9 +104,9 @@ def test_mobilenet_stage_runs_channels_last(monkeypatch):
     model = net.model([y])
     g = simplified(model)
     convs = [n for n, d in g.nodes(data=True) if d["op"] == "Conv"]
-    assert len(nhwc_convs(g)) == len(convs) - 1 == 8
+    assert len(nhwc_convs(g)) == len(convs) - 1 == 8 and len(nhwc_convs(g, NCHW_IN)) == 1
     transposes = [d["attrs"]["perm"] for n, d in g.nodes(data=True) if d["op"] == "Transpose"]
-    assert sorted(transposes) == [[0, 2, 3, 1], [0, 3, 1, 2]]
+    assert transposes == [[0, 3, 1, 2]]
     assert g.graph["tensors"][y].shape == (1, 32, 14, 14)
     check_against_onnxruntime(model, [1, 16, 28, 28], monkeypatch)
 
@@ -115,21 +116,25 @@ def test_mobilenet_stage_runs_channels_last(monkeypatch):
                          ids=["asymmetric", "same_upper", "valid", "dilated", "no_bias"])
 def test_depthwise_geometries(dw, monkeypatch):
     """Padding (asymmetric, SAME_UPPER, none), dilation and a missing bias in an NHWC depthwise convolution,
-    with a 5x5 window, at an odd width."""
+    with a 5x5 window, at an odd width; a second depthwise conv, and the GlobalAveragePool at the end as a
+    ReduceMean over the NHWC image."""
     net = Net([1, 48, 11, 11])
     h = net.clip(net.conv("x", 48, 48))
     bias = dw.pop("bias", True)
     h = net.conv(h, 48, 48, k=5 if "dilations" not in dw else 3, group=48, bias=bias, **dw)
-    y = net.conv(net.op("Relu", [h]), 48, 64)
-    model = net.model([y])
-    assert len(nhwc_convs(simplified(model))) == 3
+    h = net.conv(net.op("Relu", [h]), 48, 64)
+    h = net.conv(net.conv(h, 64, 64, k=3, group=64), 64, 32)
+    model = net.model([net.op("GlobalAveragePool", [h])])
+    g = simplified(model)
+    assert len(nhwc_convs(g)) == 4 and len(nhwc_convs(g, NCHW_IN)) == 1
+    assert [d["op"] for n, d in g.nodes(data=True) if d["op"] in ("ReduceMean", "GlobalAveragePool")] == ["ReduceMean"]
     check_against_onnxruntime(model, [1, 48, 11, 11], monkeypatch)
 
 
 def test_region_tensors_read_outside_and_broadcast_operands(monkeypatch):
-    """A tensor of the region that is also a graph output and read by a node outside (a GlobalAveragePool:
-    a Transpose back to NCHW under its own name), a squeeze-excitation Mul by a (1, C, 1, 1) tensor computed
-    outside the region, per-channel constants (C, 1, 1) and (1, C, 1, 1), and a HardSwish."""
+    """A tensor of the region that is also a graph output and read by a node outside (a GlobalMaxPool: a
+    Transpose back to NCHW under its own name), a squeeze-excitation Mul by a (1, C, 1, 1) tensor computed
+    in the region from a GlobalAveragePool, per-channel constants (C, 1, 1) and (1, C, 1, 1), a HardSwish."""
     net = Net([1, 32, 7, 7])
     h = net.op("HardSwish", [net.conv("x", 32, 64)])
     h = net.conv(h, 64, 64, k=3, group=64)
@@ -137,11 +142,13 @@ def test_region_tensors_read_outside_and_broadcast_operands(monkeypatch):
     h = net.op("Mul", [h, scale])
     h = net.op("Add", [h, net.const(RNG.normal(0, 1, (64, 1, 1)))])
     mid = net.op("Mul", [h, net.const(RNG.normal(0, 1, (1, 64, 1, 1)))])
-    y = net.conv(mid, 64, 32)
-    pooled = net.op("GlobalAveragePool", [mid])
-    model = net.model([y, mid, pooled])
+    h = net.conv(net.conv(mid, 64, 64, k=3, group=64), 64, 64, k=3, group=64)
+    y = net.conv(h, 64, 32)
+    model = net.model([y, mid, net.op("GlobalMaxPool", [mid])])
     g = simplified(model)
-    assert len(nhwc_convs(g)) == 4  # the squeeze-excitation 1x1 conv too (1 column, its Sigmoid read by the Mul)
+    assert len(nhwc_convs(g)) == 5 and len(nhwc_convs(g, NCHW_IN)) == 1
+    transposes = [d["attrs"]["perm"] for n, d in g.nodes(data=True) if d["op"] == "Transpose"]
+    assert transposes == [[0, 3, 1, 2]] * 2  # mid, y
     check_against_onnxruntime(model, [1, 32, 7, 7], monkeypatch)
 
 
@@ -159,8 +166,13 @@ def test_regions_need_a_depthwise_convolution_and_two_convolutions():
     assert nhwc_convs(simplified(lone)) == []
 
 
-def test_wide_images_stay_nchw():
-    """Depthwise convolutions at 56 columns fill NCHW vectors well: no region there."""
+def test_regions_whose_boundary_costs_more_than_they_save_stay_nchw():
+    """One inverted residual (ShuffleNetV2's branch): its depthwise conv writes 144 channels, its result and its
+    input (for the residual Add) cross the boundary with 24 each, and the result is copied back: no region.
+    Two of them in a row: the boundary is the same, the depthwise convs write twice as much: a region."""
     net = Net([1, 24, 56, 56])
-    y = inverted_residual(net, "x", 24, 6)
-    assert nhwc_convs(simplified(net.model([y]))) == []
+    one = net.model([inverted_residual(net, "x", 24, 2)])
+    assert nhwc_convs(simplified(one)) == []
+    net = Net([1, 24, 56, 56])
+    two = net.model([inverted_residual(net, inverted_residual(net, "x", 24, 3), 24, 3)])
+    assert len(nhwc_convs(simplified(two))) == 5 and len(nhwc_convs(simplified(two), NCHW_IN)) == 1

@@ -193,8 +193,8 @@ def conv(b: Builder, node):
     output channel is the stride-1 (vector) dimension; the NCHW result is read back from ``T`` by the
     statement that applies the bias and whatever the group fuses after the convolution.
     """
-    if attr(node, "polyc_layout") == "NHWC":
-        return [_conv_nhwc(b, node)]
+    if attr(node, "polyc_layout") in ("NHWC", "NCHW_IN"):
+        return [_conv_nhwc(b, node, nchw_input=attr(node, "polyc_layout") == "NCHW_IN")]
     x = b.input(node, 0)
     weights = node["inputs"][1]
     ys = b.out_shape(node)
@@ -255,25 +255,27 @@ def _conv_channels_last(b: Builder, x, wt, bias, ys, kernel, strides, dil, pb):
     return lazy(ys, x.dtype, nchw)
 
 
-def _conv_nhwc(b: Builder, node):
+def _conv_nhwc(b: Builder, node, nchw_input: bool = False):
     """A 2-D Conv of a channels-last region (:mod:`polyc.onnx.layout`): input ``X(n, h, w, c)`` and output
     ``(n, oh, ow, m)``; group 1 as ``Y(n, oh, ow, m) += X(n, h, w, c) * WT(c, kh, kw, m)``, depthwise as
     ``Y(n, oh, ow, c) += X(n, h, w, c) * WD(kh, kw, c)``, the weights re-laid from ONNX's ``(M, C/group, kh,
-    kw)`` at compile time, so the channel is the stride-1 (vector) dimension of every access."""
+    kw)`` at compile time, so the channel is the stride-1 (vector) dimension of every access. ``nchw_input``
+    (a region's head, group 1): the input is read as it is, ``X(n, c, h, w)``, one broadcast per tap."""
     x, bias = b.input(node, 0), b.input(node, 2)
     w = np.asarray(b.consts[node["inputs"][1]])
     ys = b.out_shape(node)
     kernel = list(attr(node, "kernel_shape", w.shape[2:]))
     strides = list(attr(node, "strides", [1, 1]))
     dil = list(attr(node, "dilations", [1, 1]))
-    pb = pads_begin(node, x.shape[1:3], ys[1:3], kernel, strides, dil)
+    spatial, channels = (x.shape[2:4], x.shape[1]) if nchw_input else (x.shape[1:3], x.shape[3])
+    pb = pads_begin(node, spatial, ys[1:3], kernel, strides, dil)
     depthwise = attr(node, "group", 1) != 1
     if depthwise:
         wt = b.constant_table(np.ascontiguousarray(np.transpose(w[:, 0], (1, 2, 0))), "wD")
         real, names = reduction_dims(kernel)
     else:
         wt = b.constant_table(np.ascontiguousarray(np.transpose(w, (1, 2, 3, 0))), "wT")
-        real, names = reduction_dims([x.shape[3]] + kernel)
+        real, names = reduction_dims([channels] + kernel)
 
     def body(idx, red):
         n, sp, m = idx[0], idx[1:3], idx[3]
@@ -283,11 +285,11 @@ def _conv_nhwc(b: Builder, node):
             c, *ks = names(red)
         coords, conds = [], []
         for i in range(2):
-            t, cs = window(sp[i], ks[i], strides[i], dil[i], pb[i], x.shape[1 + i], ys[1 + i], kernel[i])
+            t, cs = window(sp[i], ks[i], strides[i], dil[i], pb[i], spatial[i], ys[1 + i], kernel[i])
             coords.append(t)
             conds += cs
         weight = wt.at(list(ks) + [m]) if depthwise else wt.at([c] + list(ks) + [m])
-        prod = f"{x.at([n] + coords + [c])} * {weight}"
+        prod = f"{x.at([n, c] + coords if nchw_input else [n] + coords + [c])} * {weight}"
         return f"({guard(conds)}) ? {prod} : {zero(x.dtype)}" if conds else prod
     t = b.emit(ys, x.dtype, body, reduce_op_for(real), real)
     if bias is None:
@@ -607,7 +609,7 @@ KNOWN_ATTRS = {
 
 #: Attribute values polyc does not handle: op -> {attr: predicate(value) -> True when supported}.
 SUPPORTED_VALUES = {
-    "Conv": {"polyc_layout": lambda v: v in ("NHWC", b"NHWC")},
+    "Conv": {"polyc_layout": lambda v: v in ("NHWC", b"NHWC", "NCHW_IN", b"NCHW_IN")},
     "BatchNormalization": {"training_mode": lambda v: v == 0, "spatial": lambda v: v == 1},
     "LayerNormalization": {"stash_type": lambda v: v == 1},
 }
