@@ -21,7 +21,7 @@ from .folding import NONDETERMINISTIC, evaluate_node, fold_constants, fold_with_
 from .graph import (TensorInfo, add_op, connect, consumers, copy_graph, fresh_name, producer, remove_op,
                     replace_uses, set_constant, to_model, topo_order)
 from .fusion import ALIASES, ELEMENTWISE, close_diamond
-from .layout import LAYOUT_ATTR, channels_last_regions
+from .layout import LAYOUT_ATTR, NCHW_IN, NHWC, TO_NCHW, channels_last_regions
 from .load import infer_shapes
 from .ops import converter
 from .ops.core import channels_last, l2_bytes, vector_lanes
@@ -488,17 +488,21 @@ def explicit_conv_padding(g: nx.DiGraph) -> nx.DiGraph:
     """Give each padded Conv with constant weights and enough reuse (:data:`PAD_COPY_MIN_REUSE`) a Pad node
     of its own: ``Pad(x, pads) -> Conv(pads=0)``, the Pad extended at the end only as far as the windows
     reach (``(out-1)*stride + (k-1)*dilation - pad_begin - (in-1)``). The Pad is a kernel of its own, so the
-    convolution's window reads need no bounds guard (as onnxruntime's and oneDNN's padded-input paths)."""
+    convolution's window reads need no bounds guard (as onnxruntime's and oneDNN's padded-input paths). A
+    channels-last region's head (``polyc_layout=NCHW_IN``, :mod:`polyc.onnx.layout`) reads an NCHW input too;
+    a Conv with NHWC input keeps its guards."""
     g = copy_graph(g)
     consts, tensors = g.graph["constants"], g.graph["tensors"]
     for nid in topo_order(g):
         d = g.nodes[nid]
-        if d["op"] != "Conv" or d["inputs"][1] not in consts or LAYOUT_ATTR in d["attrs"]:
+        if d["op"] != "Conv" or d["inputs"][1] not in consts or d["attrs"].get(LAYOUT_ATTR) == NHWC:
             continue
         x_name = d["inputs"][0]
         x, y, w = tensors.get(x_name), tensors.get(d["outputs"][0]), consts[d["inputs"][1]]
         if x is None or y is None or x.shape is None or y.shape is None or len(x.shape) < 3:
             continue
+        if d["attrs"].get(LAYOUT_ATTR) == NCHW_IN:  # a channels-last region's head: NCHW input, NHWC output
+            y = TensorInfo(tuple(y.shape[p] for p in TO_NCHW), y.dtype)
         a = d["attrs"]
         nsp = len(x.shape) - 2
         kernel = list(w.shape[2:])
