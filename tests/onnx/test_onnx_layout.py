@@ -152,6 +152,23 @@ def test_region_tensors_read_outside_and_broadcast_operands(monkeypatch):
     check_against_onnxruntime(model, [1, 32, 7, 7], monkeypatch)
 
 
+def test_stem_heads_the_region_from_an_explicitly_padded_copy(monkeypatch):
+    """A network's stem (3x3 stride 2, 3 input channels, 29 columns) heads the region: it reads the NCHW Pad
+    of its input as NCHW convolutions do, with no guard, and writes NHWC for the depthwise convs after it."""
+    net = Net([1, 3, 29, 29])
+    h = net.clip(net.conv("x", 3, 32, k=3, stride=2))
+    h = net.clip(net.conv(h, 32, 32, k=3, group=32))
+    h = net.conv(net.conv(net.conv(h, 32, 16), 16, 96), 96, 96, k=3, stride=2, group=96)
+    model = net.model([net.op("GlobalAveragePool", [h])])
+    g = simplified(model)
+    head, = nhwc_convs(g, NCHW_IN)
+    source = g.nodes[head]["inputs"][0]
+    assert g.nodes[next(n for n, d in g.nodes(data=True) if source in d["outputs"])]["op"] == "Pad"
+    assert list(g.nodes[head]["attrs"].get("pads", [0] * 4)) == [0] * 4
+    assert len(nhwc_convs(g)) == 4
+    check_against_onnxruntime(model, [1, 3, 29, 29], monkeypatch)
+
+
 def test_regions_need_a_depthwise_convolution_and_two_convolutions():
     """A ResNet-like run of 1x1 and 3x3 convolutions at 7x7 keeps the per-convolution form (no region: a
     depthwise convolution is what needs its input channels-last), and so does a lone depthwise convolution."""
