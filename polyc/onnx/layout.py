@@ -33,13 +33,8 @@ import networkx as nx
 import numpy as np
 
 from .graph import TensorInfo, add_op, connect, consumers, copy_graph, fresh_name, producer, remove_op, topo_order
-from .ops.core import channels_last
+from .ops.core import LAYOUT_ATTR, NCHW_IN, NHWC, channels_last
 
-#: The attribute that marks a Conv computed channels-last (:func:`polyc.onnx.ops.core.conv`).
-LAYOUT_ATTR = "polyc_layout"
-NHWC = "NHWC"
-#: ... and a Conv at a region's head, reading its NCHW input as it is, writing NHWC.
-NCHW_IN = "NCHW_IN"
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
 

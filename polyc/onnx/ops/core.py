@@ -149,6 +149,13 @@ CHANNELS_LAST_MIN_CHANNELS = 32
 CHANNELS_LAST_MIN_EMPTY_LANES = 0.1
 
 
+#: The attribute :mod:`polyc.onnx.layout` sets on a Conv of a channels-last region, and its values: ``NHWC``
+#: (input and output NHWC) and ``NCHW_IN`` (a region's head: NCHW input, NHWC output).
+LAYOUT_ATTR = "polyc_layout"
+NHWC = "NHWC"
+NCHW_IN = "NCHW_IN"
+
+
 def vector_lanes(dtype: str) -> int:
     """The vector lanes of ``dtype`` on the target the kernels are compiled for (``POLYC_CPU`` or the host)."""
     return host_target().lanes(np.dtype(dtype).name)
@@ -193,8 +200,8 @@ def conv(b: Builder, node):
     output channel is the stride-1 (vector) dimension; the NCHW result is read back from ``T`` by the
     statement that applies the bias and whatever the group fuses after the convolution.
     """
-    if attr(node, "polyc_layout") in ("NHWC", "NCHW_IN"):
-        return [_conv_nhwc(b, node, nchw_input=attr(node, "polyc_layout") == "NCHW_IN")]
+    if attr(node, LAYOUT_ATTR) in (NHWC, NCHW_IN):
+        return [_conv_nhwc(b, node, nchw_input=attr(node, LAYOUT_ATTR) == NCHW_IN)]
     x = b.input(node, 0)
     weights = node["inputs"][1]
     ys = b.out_shape(node)
@@ -233,21 +240,7 @@ def conv(b: Builder, node):
 
 def _conv_channels_last(b: Builder, x, wt, bias, ys, kernel, strides, dil, pb):
     """``T(n, sp.., m) += X(n, c, window..) * WT(c, k.., m)`` and the NCHW view of ``T`` (+ bias)."""
-    nsp = len(kernel)
-    cl_shape = (ys[0],) + tuple(ys[2:]) + (ys[1],)
-    real, names = reduction_dims([x.shape[1]] + kernel)
-
-    def body(idx, red):
-        n, sp, m = idx[0], idx[1:1 + nsp], idx[-1]
-        c, *ks = names(red)
-        coords, conds = [], []
-        for i in range(nsp):
-            t, cs = window(sp[i], ks[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
-            coords.append(t)
-            conds += cs
-        prod = f"{x.at([n, c] + coords)} * {wt.at([c] + ks + [m])}"
-        return f"({guard(conds)}) ? {prod} : {zero(x.dtype)}" if conds else prod
-    t = b.emit(cl_shape, x.dtype, body, reduce_op_for(real), real)
+    t = _channels_last_sum(b, x, wt, (ys[0],) + tuple(ys[2:]) + (ys[1],), kernel, strides, dil, pb)
 
     def nchw(idx):
         value = t.at([idx[0]] + list(idx[2:]) + [idx[1]])
@@ -255,43 +248,63 @@ def _conv_channels_last(b: Builder, x, wt, bias, ys, kernel, strides, dil, pb):
     return lazy(ys, x.dtype, nchw)
 
 
+def _channels_last_sum(b: Builder, x, wt, cl_shape, kernel, strides, dil, pb):
+    """``T(n, sp.., m) += X(n, c, window..) * WT(c, k.., m)`` of output shape ``cl_shape`` from an NCHW input."""
+    nsp = len(kernel)
+    real, names = reduction_dims([x.shape[1]] + kernel)
+
+    def body(idx, red):
+        n, sp, m = idx[0], idx[1:1 + nsp], idx[-1]
+        c, *ks = names(red)
+        coords, conds = [], []
+        for i in range(nsp):
+            t, cs = window(sp[i], ks[i], strides[i], dil[i], pb[i], x.shape[2 + i], cl_shape[1 + i], kernel[i])
+            coords.append(t)
+            conds += cs
+        prod = f"{x.at([n, c] + coords)} * {wt.at([c] + ks + [m])}"
+        return f"({guard(conds)}) ? {prod} : {zero(x.dtype)}" if conds else prod
+    return b.emit(cl_shape, x.dtype, body, reduce_op_for(real), real)
+
+
 def _conv_nhwc(b: Builder, node, nchw_input: bool = False):
     """A 2-D Conv of a channels-last region (:mod:`polyc.onnx.layout`): input ``X(n, h, w, c)`` and output
     ``(n, oh, ow, m)``; group 1 as ``Y(n, oh, ow, m) += X(n, h, w, c) * WT(c, kh, kw, m)``, depthwise as
     ``Y(n, oh, ow, c) += X(n, h, w, c) * WD(kh, kw, c)``, the weights re-laid from ONNX's ``(M, C/group, kh,
     kw)`` at compile time, so the channel is the stride-1 (vector) dimension of every access. ``nchw_input``
-    (a region's head, group 1): the input is read as it is, ``X(n, c, h, w)``, one broadcast per tap."""
+    (a region's head, group 1): the input is read as it is, ``X(n, c, h, w)``, one broadcast per tap (the sum
+    of :func:`_conv_channels_last`, without its read-back)."""
     x, bias = b.input(node, 0), b.input(node, 2)
     w = np.asarray(b.consts[node["inputs"][1]])
     ys = b.out_shape(node)
     kernel = list(attr(node, "kernel_shape", w.shape[2:]))
     strides = list(attr(node, "strides", [1, 1]))
     dil = list(attr(node, "dilations", [1, 1]))
-    spatial, channels = (x.shape[2:4], x.shape[1]) if nchw_input else (x.shape[1:3], x.shape[3])
-    pb = pads_begin(node, spatial, ys[1:3], kernel, strides, dil)
+    pb = pads_begin(node, x.shape[2:4] if nchw_input else x.shape[1:3], ys[1:3], kernel, strides, dil)
     depthwise = attr(node, "group", 1) != 1
     if depthwise:
         wt = b.constant_table(np.ascontiguousarray(np.transpose(w[:, 0], (1, 2, 0))), "wD")
-        real, names = reduction_dims(kernel)
     else:
         wt = b.constant_table(np.ascontiguousarray(np.transpose(w, (1, 2, 3, 0))), "wT")
-        real, names = reduction_dims([channels] + kernel)
+    if nchw_input:
+        t = _channels_last_sum(b, x, wt, ys, kernel, strides, dil, pb)
+    else:
+        real, names = reduction_dims(kernel if depthwise else [x.shape[3]] + kernel)
 
-    def body(idx, red):
-        n, sp, m = idx[0], idx[1:3], idx[3]
-        if depthwise:
-            ks, c = names(red), m
-        else:
-            c, *ks = names(red)
-        coords, conds = [], []
-        for i in range(2):
-            t, cs = window(sp[i], ks[i], strides[i], dil[i], pb[i], spatial[i], ys[1 + i], kernel[i])
-            coords.append(t)
-            conds += cs
-        weight = wt.at(list(ks) + [m]) if depthwise else wt.at([c] + list(ks) + [m])
-        prod = f"{x.at([n, c] + coords if nchw_input else [n] + coords + [c])} * {weight}"
-        return f"({guard(conds)}) ? {prod} : {zero(x.dtype)}" if conds else prod
-    t = b.emit(ys, x.dtype, body, reduce_op_for(real), real)
+        def body(idx, red):
+            n, sp, m = idx[0], idx[1:3], idx[3]
+            if depthwise:
+                ks, c = names(red), m
+            else:
+                c, *ks = names(red)
+            coords, conds = [], []
+            for i in range(2):
+                t, cs = window(sp[i], ks[i], strides[i], dil[i], pb[i], x.shape[1 + i], ys[1 + i], kernel[i])
+                coords.append(t)
+                conds += cs
+            weight = wt.at(list(ks) + [m]) if depthwise else wt.at([c] + list(ks) + [m])
+            prod = f"{x.at([n] + coords + [c])} * {weight}"
+            return f"({guard(conds)}) ? {prod} : {zero(x.dtype)}" if conds else prod
+        t = b.emit(ys, x.dtype, body, reduce_op_for(real), real)
     if bias is None:
         return t
     return lazy(ys, x.dtype, lambda idx: f"({t.at(idx)} + {bias.at([idx[3]])})")
@@ -597,7 +610,7 @@ _SPATIAL = {"auto_pad", "dilations", "kernel_shape", "pads", "strides"}
 #: Every attribute ONNX defines for the op (opsets 7..newest), and polyc's own ``polyc_layout`` that
 #: :mod:`polyc.onnx.layout` sets on a Conv (onnx's checker rejects it in a model); anything else is reported.
 KNOWN_ATTRS = {
-    "Conv": _SPATIAL | {"group", "polyc_layout"}, "ConvTranspose": _SPATIAL | {"group", "output_padding", "output_shape"},
+    "Conv": _SPATIAL | {"group", LAYOUT_ATTR}, "ConvTranspose": _SPATIAL | {"group", "output_padding", "output_shape"},
     "Gemm": {"alpha", "beta", "transA", "transB"}, "LeakyRelu": {"alpha"}, "Gelu": {"approximate"},
     "Clip": {"min", "max"}, "Cast": {"to", "saturate"},
     "BatchNormalization": {"epsilon", "momentum", "spatial", "training_mode"}, "LRN": {"alpha", "beta", "bias", "size"},
@@ -609,7 +622,7 @@ KNOWN_ATTRS = {
 
 #: Attribute values polyc does not handle: op -> {attr: predicate(value) -> True when supported}.
 SUPPORTED_VALUES = {
-    "Conv": {"polyc_layout": lambda v: v in ("NHWC", b"NHWC", "NCHW_IN", b"NCHW_IN")},
+    "Conv": {LAYOUT_ATTR: lambda v: v in (NHWC, NCHW_IN)},
     "BatchNormalization": {"training_mode": lambda v: v == 0, "spatial": lambda v: v == 1},
     "LayerNormalization": {"stash_type": lambda v: v == 1},
 }
