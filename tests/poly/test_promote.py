@@ -148,3 +148,20 @@ def test_a_kernel_compiled_for_constant_inputs_packs_them_when_called():
     assert packed.tensors[1].packed and packed.tensors[1].shape == (70, 1030)  # the shape the caller has
     assert packed.constants == {"B"} and "P0(" not in packed.stage("ast")
     np.testing.assert_array_equal(packed(A, B), plain(A, B))
+
+
+def test_a_read_with_literal_indices_is_packed():
+    """A 1x1 convolution channels-last reads its weights as ``W(c, 0, 0, m)``: the literal window coordinates
+    do not keep the read from being packed (constant: it arrives packed; otherwise forced: copied), and the
+    result is numpy's."""
+    src = ("def pw(float(C,H,W) X, float(C,1,1,M) Wt) -> (T) { T(h, w, m) +=! X(c, h, w) * Wt(c, 0, 0, m) }")
+    rng = np.random.default_rng(7)
+    X, Wt = _inputs(rng, (96, 7, 7), (96, 1, 1, 200))
+    want = np.einsum("chw,cm->hwm", X.astype(np.float64), Wt[:, 0, 0].astype(np.float64))
+    kernel = polyc.define(src)
+    packed = kernel.specialize_sizes(kernel.bind_sizes([X.shape, Wt.shape]), constants=frozenset({"Wt"}))
+    assert packed.tensors[1].packed and "P0(" not in packed.stage("ast")
+    np.testing.assert_allclose(packed(X, Wt), want, rtol=1e-4, atol=1e-4)
+    copied = polyc.define(src, options=Options(promote=True)).specialize(X, Wt)
+    assert "P0(" in copied.stage("ast") and "Wt__p0[" in str(copied.stages.scop.statements[-1].reads)
+    np.testing.assert_allclose(copied(X, Wt), want, rtol=1e-4, atol=1e-4)

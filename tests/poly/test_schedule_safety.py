@@ -457,3 +457,27 @@ def test_a_compile_the_time_box_cut_off_is_not_cached(monkeypatch, tmp_path):
     monkeypatch.setattr(schedule_module, "IN_PROCESS_OPERATIONS", 30_000)
     polyc.define(SOFTMAX_ROWS).specialize(x)
     assert kernel_entries()
+
+
+def test_a_single_reduction_tile_keeps_the_micro_panels_in_l1():
+    """cache_tile_sizes' L1 rule: with one reduction loop, ``kc x step_bytes`` fits in L1d (halved down to
+    16); window loops below the band (``depth``) or several reductions leave the tile alone. micro_step_bytes
+    counts lines for a read that jumps a line per step, bytes for one read along its rows."""
+    target = Target("x86_64-unknown-linux-gnu", "znver5", "", 512, 2, 49152, 1 << 20, 32 << 20, 32)
+    order, coincident, extents = [0, 1, 2], [True, True, False], [7, 2048, 512]
+    tiles = lambda **kw: strategy.cache_tile_sizes(order, 0, 1, coincident, extents, polyc.Options(), target,  # noqa
+                                                   7, 32, **kw)
+    assert tiles()[2] == 256
+    assert tiles(step_bytes=256)[2] == 128          # 256 x 256 = 64 KiB > 48 KiB
+    assert tiles(step_bytes=160)[2] == 256          # GEMM's 8 rows of A + 2 lines of B: 40 KiB
+    assert tiles(step_bytes=100000)[2] == 16        # never below 16
+    assert tiles(step_bytes=256, depth=9)[2] == 256  # a 3x3 window below the band: not this rule
+    src = "def pw(float(C,P) X, float(C,M) Wt) -> (T) { T(p, m) +=! X(c, p) * Wt(c, m) }"
+    scop = scop_of(src, C=512, P=49, M=2048)
+    stmt = next(s for s in scop.statements if s.op == "+=")
+    # X: 7 pixels of a 196-byte row (may straddle a line: 2 lines); Wt: 32 floats of an 8 KiB row (2 lines)
+    assert strategy.micro_step_bytes(stmt, scop, "p", "m", "c", 7, 32) == 128 + 128
+    gemm = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+    scop = scop_of(gemm, M=512, K=512, N=512)
+    stmt = next(s for s in scop.statements if s.op == "+=")
+    assert strategy.micro_step_bytes(stmt, scop, "m", "n", "k", 8, 32) == 8 * 4 + 128  # A along its rows
