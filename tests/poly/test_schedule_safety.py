@@ -481,3 +481,40 @@ def test_a_single_reduction_tile_keeps_the_micro_panels_in_l1():
     scop = scop_of(gemm, M=512, K=512, N=512)
     stmt = next(s for s in scop.statements if s.op == "+=")
     assert strategy.micro_step_bytes(stmt, scop, "m", "n", "k", 8, 32) == 8 * 4 + 128  # A along its rows
+
+
+@pytest.mark.parametrize("cpu", ["znver3", "znver4"])
+def test_a_partial_vector_tile_of_many_pieces_gets_its_own_rows(cpu, monkeypatch):
+    """55 columns in register tiles of NR: the last, partial tile (23 = 16 + 4 + 2 + 1 with AVX-512, 7 = 4 + 2 +
+    1 with AVX2) takes more registers a row than a full one, so the band is split in two (split_partial_tile)
+    and the partial part's register tile has fewer rows; the result is numpy's and the naive kernel's, also
+    on two threads."""
+    from polyc.target import AVX512_CPUS, host_target
+    if cpu in AVX512_CPUS and host_target().vector_bits < 512:
+        pytest.skip("this host has no AVX-512 to run the code")
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    src = """def conv(float(1,C,H,W) X, float(K,C,3,3) Wt) -> (Y) {
+        Y(n, k, h, w) +=! X(n, c, h + r, w + s) * Wt(k, c, r, s)
+        Y(n, k, h, w) = max(Y(n, k, h, w), 0.0)
+    }"""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 16, 57, 57)).astype(np.float32)
+    w = rng.standard_normal((64, 16, 3, 3)).astype(np.float32)
+    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
+    expected = np.maximum(np.einsum("nchwrs,kcrs->nkhw", windows, w), 0)
+    kernel = polyc.define(src)
+    compiled = kernel.specialize(x, w)
+    lanes = kernel.target.lanes("float32")
+    assert lanes == (16 if cpu in AVX512_CPUS else 8)
+    nr = 2 * lanes
+    cut = 55 // nr * nr
+    ast = compiled.stage("ast")
+    assert f"c11 + {cut});" in ast  # the partial part's vector loops start at the cut
+    rows = sorted({int(line.split("<=")[1].split(";")[0]) + 1 for line in ast.splitlines()
+                   if "// unroll" not in line and "for (int c10 = 0; c10 <=" in line})
+    assert len(rows) == 2 and rows[0] < rows[1], ast  # fewer rows for the partial tile
+    np.testing.assert_allclose(compiled(x, w), expected, rtol=1e-4, atol=1e-3)
+    naive = kernel.specialize(x, w, options=polyc.Options.naive())
+    np.testing.assert_allclose(compiled(x, w), naive(x, w), rtol=1e-5, atol=1e-4)
+    two = kernel.specialize(x, w, options=polyc.Options(threads=2))
+    np.testing.assert_allclose(two(x, w), expected, rtol=1e-4, atol=1e-3)

@@ -139,6 +139,14 @@ def batchnorm(b: Builder, node):
 CHANNELS_LAST_MAX_WIDTH = 16
 CHANNELS_LAST_MIN_CHANNELS = 32
 
+#: ... and, for a wider one with a window, at least this many input channels: a network's stem (3 channels, 12
+#: after space-to-depth) reads back a large channels-last result for few terms per output (7x7/2 at 224:
+#: 1.38 -> 1.59 ms, 3x3/2 1.0x slower on AVX-512, AVX2 1.4x faster), while 16 channels pay for it: 3x3
+#: convolutions channels-last, 1 thread, this Zen 5 host (NCHW -> channels-last, AVX-512 / AVX2): 16 -> 64
+#: channels at 55x55 0.395 -> 0.295 / 0.708 -> 0.559 ms (SqueezeNet's fire expand), 16 -> 64 at 28x28 0.103
+#: -> 0.082 / 0.153 -> 0.150, 16 -> 32 at 56x56 0.160 -> 0.155 / 0.295 -> 0.288.
+CHANNELS_LAST_MIN_IN_CHANNELS = 16
+
 #: A wider convolution with a window (not 1x1) computes channels-last when its output channels fill the
 #: register tile's vectors exactly and its width leaves at least this share of the lanes of its row tiles
 #: empty (28 columns in tiles of 16: 4 of 32 lanes). Measured (1 thread, Zen 4, medians of 3 processes),
@@ -171,9 +179,9 @@ def channels_last(out_shape, group: int, constant_weights: bool, kernel=(), dtyp
     """Whether :func:`conv` computes a convolution of output shape ``out_shape`` (N, M, spatial..) with
     window ``kernel`` channels-last: group 1, constant weights and at least CHANNELS_LAST_MIN_CHANNELS
     output channels, and either an output narrower than CHANNELS_LAST_MAX_WIDTH or, for a window larger
-    than 1x1, at least CHANNELS_LAST_MIN_CHANNELS input channels too (``in_channels``: with fewer, the
+    than 1x1, at least CHANNELS_LAST_MIN_IN_CHANNELS input channels (``in_channels``: with fewer, the
     read-back of the channels-last result costs more than it saves: the stem of a network, 3 channels as 12
-    after space-to-depth, 1.07 -> 1.29 ms on AVX-512), output channels a multiple of the register tile's
+    after space-to-depth, 1.38 -> 1.59 ms on AVX-512), output channels a multiple of the register tile's
     width NR (two vectors) and a width whose tiles of NR leave at least CHANNELS_LAST_MIN_EMPTY_LANES of
     their lanes empty."""
     if not (group == 1 and len(out_shape) >= 3 and out_shape[1] >= CHANNELS_LAST_MIN_CHANNELS
@@ -182,7 +190,7 @@ def channels_last(out_shape, group: int, constant_weights: bool, kernel=(), dtyp
     width, channels = out_shape[-1], out_shape[1]
     if width < CHANNELS_LAST_MAX_WIDTH:
         return True
-    if all(k == 1 for k in kernel) or in_channels < CHANNELS_LAST_MIN_CHANNELS:
+    if all(k == 1 for k in kernel) or in_channels < CHANNELS_LAST_MIN_IN_CHANNELS:
         return False
     nr = 2 * vector_lanes(dtype)
     lanes = -(-width // nr) * nr
