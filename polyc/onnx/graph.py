@@ -26,6 +26,13 @@ from onnx import helper, numpy_helper
 from ..errors import UnsupportedError
 from .load import ModelError, graph_inputs, model_opset
 
+#: The attribute :mod:`polyc.onnx.layout` sets on a Conv or MaxPool of a channels-last region, and its values:
+#: ``NHWC`` (input and output NHWC) and ``NCHW_IN`` (a Conv heading a region: NCHW input, NHWC output).
+#: :func:`to_model` writes such a node as the standard ONNX op between Transposes.
+LAYOUT_ATTR = "polyc_layout"
+NHWC = "NHWC"
+NCHW_IN = "NCHW_IN"
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -255,7 +262,8 @@ def export_attr(v):
 
 
 def to_model(g: nx.DiGraph, ir_version: int | None = None, weights: bool = True) -> onnx.ModelProto:
-    """Serialise the graph back into an ONNX model (for testing that passes keep results).
+    """Serialise the graph back into an ONNX model (for testing that passes keep results). A node of a
+    channels-last region (attribute :data:`LAYOUT_ATTR`) becomes the standard op between Transposes.
 
     With ``weights=False`` constants of more than 1024 elements become typed graph inputs instead of
     initializers: enough for shape inference, and cheap.
@@ -264,9 +272,19 @@ def to_model(g: nx.DiGraph, ir_version: int | None = None, weights: bool = True)
     nodes, used = [], set()
     for nid in topo_order(g):
         d = g.nodes[nid]
-        nodes.append(helper.make_node(d["op"], list(d["inputs"]), list(d["outputs"]), name=nid,
-                                      domain=d.get("domain", ""),
-                                      **{k: export_attr(v) for k, v in d["attrs"].items()}))
+        inputs, outputs = list(d["inputs"]), list(d["outputs"])
+        attrs = {k: export_attr(v) for k, v in d["attrs"].items() if k != LAYOUT_ATTR}
+        layout = d["attrs"].get(LAYOUT_ATTR)
+        if layout == NHWC:  # the NCHW op between Transposes: NHWC -> NCHW before, NCHW -> NHWC after
+            nodes.append(helper.make_node("Transpose", [inputs[0]], [f"{nid}__nchw_in"], name=f"{nid}__to_nchw",
+                                          perm=[0, 3, 1, 2]))
+            inputs[0] = f"{nid}__nchw_in"
+        if layout in (NHWC, NCHW_IN):
+            nodes.append(helper.make_node(d["op"], inputs, [f"{nid}__nchw_out"], name=nid, **attrs))
+            nodes.append(helper.make_node("Transpose", [f"{nid}__nchw_out"], outputs[:1], name=f"{nid}__to_nhwc",
+                                          perm=[0, 2, 3, 1]))
+        else:
+            nodes.append(helper.make_node(d["op"], inputs, outputs, name=nid, domain=d.get("domain", ""), **attrs))
         used.update(d["inputs"])
     for name in g.graph["outputs"]:
         if producer(g, name) is None and name in g.graph["constants"] and name not in g.graph["inputs"]:

@@ -21,7 +21,7 @@ from .folding import NONDETERMINISTIC, evaluate_node, fold_constants, fold_with_
 from .graph import (TensorInfo, add_op, connect, consumers, copy_graph, fresh_name, producer, remove_op,
                     replace_uses, set_constant, to_model, topo_order)
 from .fusion import ALIASES, ELEMENTWISE, close_diamond
-from .layout import LAYOUT_ATTR, NCHW_IN, NHWC, TO_NCHW, channels_last_regions
+from .layout import LAYOUT_ATTR, NCHW_IN, NHWC, TO_NCHW, channels_last_regions, stem_region
 from .load import infer_shapes
 from .ops import converter
 from .ops.core import channels_last, l2_bytes, vector_lanes
@@ -254,6 +254,8 @@ def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
     -> Reshape (N,C*P*P',E,E') -> Conv(stride 1, W2)`` where ``W2[o, c*P*P' + p*P' + p', a, a'] =
     W[o, c, s*a+p, s'*a'+p']`` (zero past the kernel): unit-stride reads over ``P*P'*A*A'`` taps instead of
     strided ones over ``K*K'``. A 1x1 stride-2 convolution becomes a subsampling Slice and a 1x1 convolution.
+    A stem that heads a stem region (:func:`polyc.onnx.layout.stem_region`) stays as it is: channels-last it
+    reads its strided window one broadcast pixel at a time, without the phases' zero taps.
     """
     g = copy_graph(g)
     consts, tensors = g.graph["constants"], g.graph["tensors"]
@@ -265,7 +267,7 @@ def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
         if geo is None:
             continue
         strides, kernel, pb, out = geo
-        if all(s == 1 for s in strides):
+        if all(s == 1 for s in strides) or stem_region(g, nid) is not None:  # a stem region's head stays
             continue
         x_name, w_name = d["inputs"][0], d["inputs"][1]
         n, c, h, wd = tensors[x_name].shape

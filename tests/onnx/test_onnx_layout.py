@@ -193,3 +193,50 @@ def test_regions_whose_boundary_costs_more_than_they_save_stay_nchw():
     net = Net([1, 24, 56, 56])
     two = net.model([inverted_residual(net, inverted_residual(net, "x", 24, 3), 24, 3)])
     assert len(nhwc_convs(simplified(two))) == 5 and len(nhwc_convs(simplified(two), NCHW_IN)) == 1
+
+
+def nhwc_pools(g):
+    return sorted(n for n, d in g.nodes(data=True) if d["op"] == "MaxPool" and d["attrs"].get(LAYOUT_ATTR) == NHWC)
+
+
+@pytest.mark.parametrize("stem", [dict(k=7, stride=2, pool=dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4)),
+                                  dict(k=3, stride=2, pads=[0] * 4,
+                                       pool=dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+                                  dict(k=3, stride=1, pool=dict(kernel_shape=[2, 2], strides=[2, 2],
+                                                                dilations=[2, 2], pads=[0, 0, 1, 1]))],
+                         ids=["resnet", "squeezenet_ceil", "dilated_pool_asymmetric"])
+def test_a_stem_and_its_max_pool_run_channels_last(stem, monkeypatch):
+    """A ResNet/SqueezeNet stem (3 input channels, 64 output channels, a BatchNorm-like scale and ReLU) and the
+    MaxPool after it form a stem region: the convolution stays strided (no space-to-depth) and reads its NCHW
+    input, the MaxPool runs NHWC, and only the pooled image is transposed back, for the 1x1 convolution after
+    it (which stays NCHW: no depthwise convolution)."""
+    net = Net([1, 3, 45, 45])
+    pool = stem.pop("pool")
+    h = net.conv("x", 3, 64, **stem)
+    h = net.op("Relu", [net.op("Mul", [h, net.const(RNG.normal(1, 0.1, (64, 1, 1)))])])
+    h = net.op("MaxPool", [h], **pool)
+    model = net.model([net.op("Relu", [net.conv(h, 64, 32)])])
+    g = simplified(model)
+    head, = nhwc_convs(g, NCHW_IN)
+    assert g.nodes[head]["attrs"]["strides"] == [stem["stride"]] * 2 and len(nhwc_pools(g)) == 1
+    assert nhwc_convs(g) == []
+    transposes = [d["attrs"]["perm"] for n, d in g.nodes(data=True) if d["op"] == "Transpose"]
+    assert transposes == [[0, 3, 1, 2]]
+    check_against_onnxruntime(model, [1, 3, 45, 45], monkeypatch)
+
+
+def test_a_stem_without_a_max_pool_or_read_twice_stays_nchw():
+    """No stem region when the stem's result goes elsewhere too, when no MaxPool follows, or when its 24
+    output channels do not fill the vectors (DenseNet's and ShuffleNet's stems)."""
+    net = Net([1, 3, 32, 32])
+    h = net.op("Relu", [net.conv("x", 3, 64, k=3, stride=2)])
+    twice = net.model([net.op("MaxPool", [h], kernel_shape=[2, 2], strides=[2, 2]), h])
+    net = Net([1, 3, 32, 32])
+    no_pool = net.model([net.op("AveragePool", [net.op("Relu", [net.conv("x", 3, 64, k=3, stride=2)])],
+                                kernel_shape=[2, 2], strides=[2, 2])])
+    net = Net([1, 3, 32, 32])
+    narrow = net.model([net.op("MaxPool", [net.op("Relu", [net.conv("x", 3, 24, k=3, stride=2)])],
+                               kernel_shape=[2, 2], strides=[2, 2])])
+    for model in (twice, no_pool, narrow):
+        g = simplified(model)
+        assert nhwc_convs(g, NCHW_IN) == [] and nhwc_pools(g) == []

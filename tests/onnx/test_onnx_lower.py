@@ -9,6 +9,7 @@ from polyc.errors import PolycError, ShapeError, UnsupportedError
 from polyc.onnx import graph as G
 from polyc.onnx import passes, testing
 from polyc.onnx.fusion import fusion_groups, groups_summary
+from polyc.onnx.graph import LAYOUT_ATTR, NCHW_IN, NHWC
 from polyc.onnx.load import load_model
 from polyc.onnx.lower import lower_groups
 from polyc.onnx.memory import plan_memory
@@ -34,9 +35,13 @@ def test_resnet_groups_fuse_conv_bias_residual_relu(resnet):
     assert all(gr.kind == "alias" for gr in groups if gr.ops == ("Reshape",))
     assert "Conv+Sum+Relu" in groups_summary(g, groups)
     # strided convolutions were rewritten to stride 1 over the input's phases (space-to-depth) where that adds
-    # little work (the 7x7 stem, the 1x1 downsamplings); the 3x3 stride-2 ones (16/9 the work) stay strided
+    # little work (the 1x1 downsamplings); the 3x3 stride-2 ones (16/9 the work) stay strided, and so does the
+    # 7x7 stem, which heads a stem region with the MaxPool (channels-last, polyc.onnx.layout.stem_region)
     strided = [d for _, d in g.nodes(data=True) if d["op"] == "Conv" and d["attrs"].get("strides", [1, 1]) != [1, 1]]
-    assert strided and all(g.graph["constants"][d["inputs"][1]].shape[2:] == (3, 3) for d in strided)
+    stem = [d for d in strided if d["attrs"].get(LAYOUT_ATTR) == NCHW_IN]
+    assert len(stem) == 1 and g.graph["constants"][stem[0]["inputs"][1]].shape[1:] == (3, 7, 7)
+    assert [d["op"] for _, d in g.nodes(data=True) if d["op"] == "MaxPool" and d["attrs"].get(LAYOUT_ATTR) == NHWC]
+    assert all(g.graph["constants"][d["inputs"][1]].shape[2:] == (3, 3) for d in strided if d not in stem)
 
 
 def test_lowered_conv_writes_in_place_and_identical_groups_share_text(resnet):

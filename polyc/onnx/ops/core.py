@@ -16,6 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ...target import host_target
 from ..builder import Builder, broadcast_index, lazy, lit, rounded, tc_type, times
+from ..graph import LAYOUT_ATTR, NCHW_IN, NHWC
 from .common import (aff, attr, fold, guard, lowest, nary, norm_axis, pads_begin, reduce, reduce_op_for,
                      reduction_dims, spatial_params, unary, window, zero)
 
@@ -157,11 +158,6 @@ CHANNELS_LAST_MIN_IN_CHANNELS = 16
 CHANNELS_LAST_MIN_EMPTY_LANES = 0.1
 
 
-#: The attribute :mod:`polyc.onnx.layout` sets on a Conv of a channels-last region, and its values: ``NHWC``
-#: (input and output NHWC) and ``NCHW_IN`` (a region's head: NCHW input, NHWC output).
-LAYOUT_ATTR = "polyc_layout"
-NHWC = "NHWC"
-NCHW_IN = "NCHW_IN"
 
 
 def vector_lanes(dtype: str) -> int:
@@ -432,7 +428,11 @@ def _window_read(x, ys, idx, red, nsp, kernel, strides, dil, pb, fill: str) -> s
 
 
 def max_pool(b: Builder, node):
-    """MaxPool: pads (padding never wins), strides, dilations, ceil_mode, auto_pad."""
+    """MaxPool: pads (padding never wins), strides, dilations, ceil_mode, auto_pad. With ``polyc_layout`` =
+    ``NHWC`` (a channels-last region, :mod:`polyc.onnx.layout`), a 2-D MaxPool of an ``(N, H, W, C)`` image
+    into ``(N, OH, OW, C)``: the channel is the stride-1 (vector) dimension of every tap, no strided reads."""
+    if attr(node, LAYOUT_ATTR) == NHWC:
+        return [_max_pool_nhwc(b, node)]
     x = b.input(node, 0)
     ys = b.out_shape(node)
     nsp, kernel, strides, dil, pb = _pool_geometry(b, node, x, ys)
@@ -441,6 +441,27 @@ def max_pool(b: Builder, node):
         return _window_read(x, ys, idx, red, nsp, kernel, strides, dil, pb, lowest(x.dtype))
     real, names = reduction_dims(kernel)
     return [b.emit(ys, x.dtype, lambda idx, red: body(idx, names(red)), reduce_op_for(real, "max=!"), real)]
+
+
+def _max_pool_nhwc(b: Builder, node):
+    """``Y(n, oh, ow, c) max=! X(n, h, w, c)`` over each window (see :func:`max_pool`)."""
+    x = b.input(node, 0)
+    ys = b.out_shape(node)
+    kernel = list(attr(node, "kernel_shape"))
+    strides = list(attr(node, "strides", [1, 1]))
+    dil = list(attr(node, "dilations", [1, 1]))
+    pb = pads_begin(node, x.shape[1:3], ys[1:3], kernel, strides, dil)
+    real, names = reduction_dims(kernel)
+
+    def body(idx, red):
+        coords, conds = [], []
+        for i, k in enumerate(names(red)):
+            t, cs = window(idx[1 + i], k, strides[i], dil[i], pb[i], x.shape[1 + i], ys[1 + i], kernel[i])
+            coords.append(t)
+            conds += cs
+        read = x.at([idx[0]] + coords + [idx[3]])
+        return f"({guard(conds)}) ? {read} : {lowest(x.dtype)}" if conds else read
+    return b.emit(ys, x.dtype, body, reduce_op_for(real, "max=!"), real)
 
 
 def _window_counts(in_n, out_n, k, s, d, pb, lo, hi):
@@ -616,13 +637,13 @@ CONVERTERS = {
 _SPATIAL = {"auto_pad", "dilations", "kernel_shape", "pads", "strides"}
 
 #: Every attribute ONNX defines for the op (opsets 7..newest), and polyc's own ``polyc_layout`` that
-#: :mod:`polyc.onnx.layout` sets on a Conv (onnx's checker rejects it in a model); anything else is reported.
+#: :mod:`polyc.onnx.layout` sets on a Conv or MaxPool (onnx's checker rejects it in a model); anything else is reported.
 KNOWN_ATTRS = {
     "Conv": _SPATIAL | {"group", LAYOUT_ATTR}, "ConvTranspose": _SPATIAL | {"group", "output_padding", "output_shape"},
     "Gemm": {"alpha", "beta", "transA", "transB"}, "LeakyRelu": {"alpha"}, "Gelu": {"approximate"},
     "Clip": {"min", "max"}, "Cast": {"to", "saturate"},
     "BatchNormalization": {"epsilon", "momentum", "spatial", "training_mode"}, "LRN": {"alpha", "beta", "bias", "size"},
-    "MaxPool": _SPATIAL | {"ceil_mode", "storage_order"}, "AveragePool": _SPATIAL | {"ceil_mode", "count_include_pad"},
+    "MaxPool": _SPATIAL | {"ceil_mode", "storage_order", LAYOUT_ATTR}, "AveragePool": _SPATIAL | {"ceil_mode", "count_include_pad"},
     "Softmax": {"axis"}, "LogSoftmax": {"axis"}, "LayerNormalization": {"axis", "epsilon", "stash_type"},
     "Shape": {"start", "end"},
     "Constant": {"value", "value_float", "value_floats", "value_int", "value_ints"}, "ConstantOfShape": {"value"},
@@ -630,7 +651,7 @@ KNOWN_ATTRS = {
 
 #: Attribute values polyc does not handle: op -> {attr: predicate(value) -> True when supported}.
 SUPPORTED_VALUES = {
-    "Conv": {LAYOUT_ATTR: lambda v: v in (NHWC, NCHW_IN)},
+    "Conv": {LAYOUT_ATTR: lambda v: v in (NHWC, NCHW_IN)}, "MaxPool": {LAYOUT_ATTR: lambda v: v == NHWC},
     "BatchNormalization": {"training_mode": lambda v: v == 0, "spatial": lambda v: v == 1},
     "LayerNormalization": {"stash_type": lambda v: v == 1},
 }
