@@ -588,8 +588,10 @@ def load_access(env: Env, e: L.Access, b: ir.IRBuilder) -> ir.Value:
     stride = 0
     if env.lanes > 1:
         stride = flat_stride(env.scop, e.tensor, e.args, env.strides)
-        if stride is None or not 0 <= stride <= MAX_READ_STRIDE:
+        if stride is None or stride < 0:
             raise CompileError(f"codegen: vector read of {e.tensor} with stride {stride}")
+        if stride > MAX_READ_STRIDE:
+            return gather(env, e.tensor, flat, stride, env.mask if e not in env.safe_reads else None, b)
     if env.mask is not None and e not in env.safe_reads:
         return _guarded_load(env, e.tensor, flat, stride, b)
     if stride > 1:  # the span the lanes cover, then every stride-th element
@@ -600,9 +602,49 @@ def load_access(env: Env, e: L.Access, b: ir.IRBuilder) -> ir.Value:
     return splat(b, value, env.lanes) if env.lanes > 1 and stride == 0 else value
 
 
-#: Reads whose element stride per vector lane is at most this are vectorized (loads of the span, masked
-#: under a guard); a stride-2 convolution reads its input with stride 2.
+#: Reads whose element stride per vector lane is at most this are vectorized as loads of the span (masked
+#: under a guard; a stride-2 convolution reads its input with stride 2), wider ones as gathers.
 MAX_READ_STRIDE = 4
+
+
+def _lane_pointers(env: Env, tensor: str, flat: ir.Value, stride: int, b: ir.IRBuilder) -> ir.Value:
+    """The vector of ``env.lanes`` element pointers ``flat + stride * j`` of ``tensor``."""
+    step = stride * element_bytes(env.scop.tensor(tensor).dtype)
+    base = splat(b, b.ptrtoint(element_pointer(env, tensor, flat, b), I64), env.lanes)
+    addresses = b.add(base, ir.Constant(ir.VectorType(I64, env.lanes), [step * j for j in range(env.lanes)]))
+    return b.inttoptr(addresses, ir.VectorType(PTR, env.lanes))
+
+
+def gather(env: Env, tensor: str, flat: ir.Value, stride: int, mask: ir.Value | None,
+           b: ir.IRBuilder) -> ir.Value:
+    """``env.lanes`` elements of ``tensor`` ``stride`` apart from ``flat`` (``llvm.masked.gather``; lanes off
+    in ``mask`` touch no memory): a channels-last convolution's NCHW epilogue reads its residual operand
+    along the channels, a row apart."""
+    dtype = env.scop.tensor(tensor).dtype
+    mty = memory_type(dtype)
+    vty = ir.VectorType(mty, env.lanes)
+    mask = mask if mask is not None else const(ir.VectorType(ir.IntType(1), env.lanes), 1)
+    pty = ir.VectorType(PTR, env.lanes)
+    fn = declare(env.module, f"llvm.masked.gather.v{env.lanes}{_type_suffix(mty)}.v{env.lanes}p0",
+                 ir.FunctionType(vty, [pty, I32, mask.type, vty]))
+    value = b.call(fn, [_lane_pointers(env, tensor, flat, stride, b), ir.Constant(I32, element_bytes(dtype)), mask,
+                        ir.Constant(vty, None)])
+    return b.icmp_unsigned("!=", value, const(vty, 0)) if dtype == "bool" else value
+
+
+def scatter(env: Env, tensor: str, flat: ir.Value, stride: int, value: ir.Value, b: ir.IRBuilder) -> None:
+    """Store the ``env.lanes`` values of ``value`` ``stride`` elements apart from ``flat``
+    (``llvm.masked.scatter``, every lane on): a channels-last convolution's NCHW read-back, computed as vectors
+    along the channels."""
+    dtype = env.scop.tensor(tensor).dtype
+    mty = memory_type(dtype)
+    if dtype == "bool":
+        value = b.zext(value, _with_elem(value.type, I8))
+    vty = ir.VectorType(mty, env.lanes)
+    mask = const(ir.VectorType(ir.IntType(1), env.lanes), 1)
+    fn = declare(env.module, f"llvm.masked.scatter.v{env.lanes}{_type_suffix(mty)}.v{env.lanes}p0",
+                 ir.FunctionType(ir.VoidType(), [vty, ir.VectorType(PTR, env.lanes), I32, mask.type]))
+    b.call(fn, [value, _lane_pointers(env, tensor, flat, stride, b), ir.Constant(I32, element_bytes(dtype)), mask])
 
 
 def _guarded_load(env: Env, tensor: str, flat: ir.Value, stride: int, b: ir.IRBuilder) -> ir.Value:

@@ -114,11 +114,14 @@ def vector_plan(k: KernelEmitter, node: isl.AstNode) -> tuple[int, dict[str, dic
 
 
 def _statement_ok(k: KernelEmitter, stmt, strides: dict[str, int], dtypes: set[str]) -> bool:
-    """Whether ``stmt`` vectorizes with these index strides: stride-1 write, stride 0/1 reads, no gathers."""
+    """Whether ``stmt`` vectorizes with these index strides: a stride-1 write, or for ``=`` a write of a
+    larger stride (a scatter: a channels-last convolution's NCHW read-back, whose epilogue, a GELU say,
+    then runs on vectors); reads of a constant stride of 0 or more (wider than MAX_READ_STRIDE: gathers), none
+    data-dependent."""
     scop = k.scop
     write_stride = X.flat_stride(scop, stmt.tensor, [L.Ident(i, dtype="int32", kind="index") for i in stmt.lhs],
                                 strides)
-    if write_stride != 1:
+    if write_stride != 1 and not (stmt.op == "=" and write_stride is not None and write_stride > X.MAX_READ_STRIDE):
         return False
     dtypes.add(scop.tensor(stmt.tensor).dtype)
     for e in walk(stmt.rhs):
@@ -126,7 +129,7 @@ def _statement_ok(k: KernelEmitter, stmt, strides: dict[str, int], dtypes: set[s
             dtypes.add(e.dtype)
         if isinstance(e, L.Access):
             stride = X.flat_stride(scop, e.tensor, e.args, strides)
-            if X.may_fail(e) or stride is None or not 0 <= stride <= X.MAX_READ_STRIDE:
+            if X.may_fail(e) or stride is None or stride < 0:
                 return False
             dtypes.add(scop.tensor(e.tensor).dtype)
         if isinstance(e, L.Ident) and e.kind == "scalar":
@@ -145,6 +148,11 @@ def _emit_vector_statement(k: KernelEmitter, r: Region, user: isl.AstNode, lanes
     dtype = k.scop.tensor(stmt.tensor).dtype
     scalar_env = dataclasses.replace(env, lanes=1, strides={})
     flat = X.flat_index(scalar_env, stmt.tensor, [indices[i] for i in stmt.lhs], b)
+    lhs = [L.Ident(i, dtype="int32", kind="index") for i in stmt.lhs]
+    write_stride = X.flat_stride(k.scop, stmt.tensor, lhs, strides[stmt.name])
+    if write_stride != 1:  # "=" only (_statement_ok)
+        X.scatter(env, stmt.tensor, flat, write_stride, X.emit_update(env, stmt.op, dtype, stmt.rhs, None, b), b)
+        return
     old = X.load(env, stmt.tensor, flat, b, lanes=lanes) if stmt.op not in ("init", "=") else None
     X.store(env, stmt.tensor, flat, X.emit_update(env, stmt.op, dtype, stmt.rhs, old, b), b)
 

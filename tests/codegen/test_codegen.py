@@ -964,3 +964,34 @@ def test_guarded_strided_reads_are_masked_loads_of_a_power_of_two_width():
     padded = np.pad(X[0], ((0, 0), (1, 1)))
     expected = sum(padded[:, r:r + 45:2][:, :23] * W[:, r:r + 1] for r in range(3))
     np.testing.assert_allclose(compiled(X, W)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cpu", ["znver3", "znver4"])
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_transposing_epilogue_runs_as_gathers_and_scatters(cpu, guarded, monkeypatch):
+    """A channels-last accumulation read back into NCHW in the same tile (the form of a channels-last
+    convolution's epilogue): the vector loop runs along the channels, so the ``=`` statement writes ``Y(m, h,
+    w)`` and reads the residual ``R(m, h, w)`` a row apart: a scatter and a gather (``llvm.masked.*``), under
+    a guard too, instead of a scalar loop; results are numpy's and the naive kernel's, on two threads too."""
+    from polyc.target import AVX512_CPUS
+    if cpu in AVX512_CPUS and host_target().vector_bits < 512:
+        pytest.skip("this host has no AVX-512 to run the code")
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    residual = "(w >= 1 ? R(m, h, w - 1) : 0.0)" if guarded else "R(m, h, w)"
+    src = f"""def clconv(float(C,H,W) X, float(C,M) Wt, float(M,H,W) R) -> (Y) {{
+        T(h, w, m) +=! X(c, h, w) * Wt(c, m)
+        Y(m, h, w) = tanh(T(h, w, m) + {residual})
+    }}"""
+    rng = np.random.default_rng(21)
+    x, wt, r = (rng.standard_normal(s).astype(np.float32) for s in ((40, 7, 9), (40, 100), (100, 7, 9)))
+    shifted = np.concatenate([np.zeros((100, 7, 1)), r[:, :, :-1]], axis=2) if guarded else r
+    want = np.tanh(np.einsum("chw,cm->mhw", x.astype(np.float64), wt) + shifted)
+    kernel = polyc.define(src)
+    compiled = kernel.specialize(x, wt, r)
+    ir_text = compiled.stage("llvm")
+    assert "llvm.masked.scatter" in ir_text and "llvm.masked.gather" in ir_text
+    np.testing.assert_allclose(compiled(x, wt, r), want, rtol=1e-4, atol=1e-4)
+    naive = kernel.specialize(x, wt, r, options=Options.naive())
+    np.testing.assert_allclose(compiled(x, wt, r), naive(x, wt, r), rtol=1e-5, atol=1e-5)
+    two = kernel.specialize(x, wt, r, options=Options(threads=2))
+    np.testing.assert_allclose(two(x, wt, r), want, rtol=1e-4, atol=1e-4)

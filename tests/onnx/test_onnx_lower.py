@@ -214,3 +214,33 @@ def test_channels_last_when_channels_fill_the_vectors_and_the_width_does_not(mon
     assert not core.channels_last((1, 64, 4 * nr, 4 * nr), 1, True, (3, 3), in_channels=64)  # full tiles
     assert not core.channels_last((1, 64, 28, 28), 1, True, (3, 3), in_channels=12)  # a network's stem
 
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_strided_1d_convolution_with_a_gelu_runs_channels_last(stride):
+    """A Whisper-style 1-D convolution (k3, 64 -> 96 channels, 300 columns) with an erf GELU after it: at
+    stride 2 it accumulates channels-last (NCHW would load its input with stride 2; core.channels_last's
+    ``strided``), its GELU epilogue vectorized along the channels (written back by a scatter); at stride 1 it
+    stays NCHW. Results match onnxruntime."""
+    import onnxruntime as ort
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.normal(0, 0.1, (96, 64, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.normal(0, 0.1, 96).astype(np.float32), "b")
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+              (("sqrt2", 2 ** 0.5), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3], strides=[stride], pads=[1, 1]),
+             helper.make_node("Div", ["c", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["f"]), helper.make_node("Mul", ["c", "f"], ["g"]),
+             helper.make_node("Mul", ["g", "half"], ["y"])]
+    graph = helper.make_graph(nodes, "gelu_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 300])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "c", "l"])],
+                              initializer=[w, b] + consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    g = passes.simplify(G.from_model(load_model(model)))
+    kernels = [k for k in lower_groups(g, fusion_groups(g)) if k and "erf" in k.source]
+    assert len(kernels) == 1 and ("T0(i0, i1, i2) +=!" in kernels[0].source) == (stride == 2)
+    x = rng.normal(0, 1, (1, 64, 300)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = polyc.onnx.compile(model, progress=False).run({"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
