@@ -58,6 +58,19 @@ def fuzz_reference(a: np.ndarray):
     return t, u, s
 
 
+#: A 3x3 convolution and a ReLU over its result, no padding (:func:`conv3x3_relu` is numpy's).
+CONV3X3_RELU = """def conv(float(1,C,H,W) X, float(K,C,3,3) Wt) -> (Y) {
+    Y(n, k, h, w) +=! X(n, c, h + r, w + s) * Wt(k, c, r, s)
+    Y(n, k, h, w) = max(Y(n, k, h, w), 0.0)
+}"""
+
+
+def conv3x3_relu(x, w):
+    """CONV3X3_RELU in numpy: x (1, C, H, W), w (K, C, 3, 3) -> (1, K, H - 2, W - 2)."""
+    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
+    return np.maximum(np.einsum("nchwrs,kcrs->nkhw", windows, w), 0)
+
+
 def scop_of(source: str, **sizes):
     program = parse(source)
     return build_scop(check_def(program.defs[0], source), sizes)
@@ -402,16 +415,11 @@ def test_register_tile_rows_fit_the_partial_tile_in_half_the_registers():
         assert height - (tiles - 1) * mr >= height - (tiles - 1) * full
     assert strategy.register_tile_sizes(polyc.Options(register_tile_sizes=(6,)), 8, 16, height=7) == (6, 16)
     # and the kernel it gives (5 rows on an AVX-512 host, a partial row tile over 64 channels) is right
-    src = """def conv(float(1,C,H,W) X, float(K,C,3,3) Wt) -> (Y) {
-        Y(n, k, h, w) +=! X(n, c, h + r, w + s) * Wt(k, c, r, s)
-        Y(n, k, h, w) = max(Y(n, k, h, w), 0.0)
-    }"""
     rng = np.random.default_rng(11)
     x = rng.standard_normal((1, 16, 30, 30)).astype(np.float32)
     w = rng.standard_normal((64, 16, 3, 3)).astype(np.float32)
-    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))  # (1, 16, 28, 28, 3, 3)
-    expected = np.maximum(np.einsum("nchwrs,kcrs->nkhw", windows, w), 0)
-    np.testing.assert_allclose(polyc.define(src).specialize(x, w)(x, w), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(polyc.define(CONV3X3_RELU).specialize(x, w)(x, w), conv3x3_relu(x, w),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_isolating_full_tiles_of_a_many_piece_union_finishes():
@@ -493,16 +501,11 @@ def test_a_partial_vector_tile_of_many_pieces_gets_its_own_rows(cpu, monkeypatch
     if cpu in AVX512_CPUS and host_target().vector_bits < 512:
         pytest.skip("this host has no AVX-512 to run the code")
     monkeypatch.setenv("POLYC_CPU", cpu)
-    src = """def conv(float(1,C,H,W) X, float(K,C,3,3) Wt) -> (Y) {
-        Y(n, k, h, w) +=! X(n, c, h + r, w + s) * Wt(k, c, r, s)
-        Y(n, k, h, w) = max(Y(n, k, h, w), 0.0)
-    }"""
     rng = np.random.default_rng(12)
     x = rng.standard_normal((1, 16, 57, 57)).astype(np.float32)
     w = rng.standard_normal((64, 16, 3, 3)).astype(np.float32)
-    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
-    expected = np.maximum(np.einsum("nchwrs,kcrs->nkhw", windows, w), 0)
-    kernel = polyc.define(src)
+    expected = conv3x3_relu(x, w)
+    kernel = polyc.define(CONV3X3_RELU)
     compiled = kernel.specialize(x, w)
     lanes = kernel.target.lanes("float32")
     assert lanes == (16 if cpu in AVX512_CPUS else 8)
