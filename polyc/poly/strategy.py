@@ -55,9 +55,10 @@ from .affine import accesses_in, element_stride
 from .deps import Dependences
 from .marks import mark_name
 from .scop import PolyStatement, Scop
-from .transforms import (band_coincident, band_extents, band_permute, band_ranges, band_sink, band_split, band_tile, bands,
-                         branches_below, dependences_at, distribute_bands, distribute_serialized, fuse_next_sibling,
-                         insert_mark, isolate_full_tiles, member_index, node_at, order_sets, path_of, single_tile)
+from .transforms import (band_coincident, band_extents, band_permute, band_ranges, band_sink, band_split, band_tile,
+                         bands, branches_below, dependences_at, distribute_bands, distribute_serialized,
+                         fuse_next_sibling, insert_mark, isolate_full_tiles, member_index, node_at, order_sets,
+                         path_of, single_tile)
 from .verify import check_subtree
 
 #: The largest element stride of a read along the vector loop that codegen vectorizes (strided loads).
@@ -327,10 +328,11 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
     operand's NR columns. The reduction tile is then halved until a whole micro-kernel's worth, ``kc x
     step_bytes``, fits in the target's L1d (GotoBLAS sizes ``kc`` so the micro-panels stay in L1). Not with
     window loops (``depth`` > 1, a 3x3 convolution): 9 x MR x NR FMAs a step pay for re-reading the rows from
-    L2, and 256 x 256 channels at 7x7 ran 5-9% slower with the 16 deep tile the rule gives. Measured (1 thread, this Zen 5 host, AVX-512, L1d 48 KiB): a 1x1 convolution
-    512 -> 2048 channels at 7x7 channels-last, whose 7 broadcast pixels per input channel sit 196 bytes apart
-    (two lines per step with the weights' 128 bytes: 64 KiB at kc = 256), 0.53 ms at kc = 256, 0.46 at 128,
-    0.47 at 64 (onnxruntime 0.43)."""
+    L2, and 256 x 256 channels at 7x7 ran 5-9% slower with the 16 deep tile the rule gives. Measured (1
+    thread, this Zen 5 host, AVX-512, L1d 48 KiB): a 1x1 convolution 512 -> 2048 channels at 7x7
+    channels-last, whose 7 broadcast pixels per input channel sit 196 bytes apart (two lines per step with
+    the weights' 128 bytes: 64 KiB at kc = 256), 0.53 ms at kc = 256, 0.46 at 128, 0.47 at 64 (onnxruntime
+    0.43)."""
     if options.tile_sizes:
         sizes = [options.tile_sizes[j % len(options.tile_sizes)] for j in range(len(order))]
     else:
@@ -378,7 +380,8 @@ def micro_step_bytes(stmt: PolyStatement, scop: Scop, u_index: str, v_index: str
     over ``(u_index, v_index)``: for each read, the cache lines (64 bytes) its ``nr`` columns or else its ``mr``
     rows span when a step jumps a line or more (7 pixels of an image row, 196 bytes apart: 2 lines, as a row
     not a whole number of lines apart may straddle one), else ``count x jump`` bytes (GEMM's ``A`` rows, read
-    along the reduction: MR x 4 bytes a step). 0 when some access is not affine. For :func:`cache_tile_sizes`' L1 rule."""
+    along the reduction: MR x 4 bytes a step). 0 when some access is not affine. For :func:`cache_tile_sizes`'
+    L1 rule."""
     total = 0
     for read in accesses_in(stmt.rhs):
         tensor = scop.tensor(read.tensor)
@@ -498,7 +501,8 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     reduction_indices = [member_index(node, k, stmt) for k in R]
     step_bytes = micro_step_bytes(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt),
                                   reduction_indices[0], mr, nr) \
-        if u is not None and v is not None and len(R) == 1 and None not in reduction_indices else 0
+        if u is not None and v is not None and len(R) == 1 and depth == 1 and None not in reduction_indices \
+        else 0
     tiles = cache_tile_sizes(order, u, v, coincident, extents, options, target, mr, nr, itemsize, depth,
                              step_bytes)
     if parallel and options.tile and not options.tile_sizes:
@@ -580,12 +584,12 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
     """The read of ``stmt`` worth packing for a register tile over ``(u_index, v_index)`` of width ``nr``,
     or None. ``tile_v`` is the cache tile size of the vector member (None: not tiled), ``reuse`` how many
     register-tile rows read each panel. Chosen: an input tensor read with distinct plain indices (and
-    integer literals: a 1x1 convolution's ``W(c, 0, 0, m)``), last ``v_index``, none ``u_index`` (every row of the register tile reads it), some reduction index, and in
-    which a step of some reduction index jumps at least PACK_MIN_ROW_BYTES. ``force`` drops the two
-    thresholds (jump, reuse), not the conditions that make the layout correct; so does a read of a tensor in
-    ``constants``, which the caller packs once (measured, 1 thread: the BERT, GPT and ViT models of
-    ``scripts/model_zoo.py`` 8-18% faster on AVX2 and AVX-512 with all their weights packed, ResNet-50
-    unchanged)."""
+    integer literals: a 1x1 convolution's ``W(c, 0, 0, m)``), last ``v_index``, none ``u_index`` (every row
+    of the register tile reads it), some reduction index, and in which a step of some reduction index jumps
+    at least PACK_MIN_ROW_BYTES. ``force`` drops the two thresholds (jump, reuse), not the conditions that
+    make the layout correct; so does a read of a tensor in ``constants``, which the caller packs once
+    (measured, 1 thread: the BERT, GPT and ViT models of ``scripts/model_zoo.py`` 8-18% faster on AVX2 and
+    AVX-512 with all their weights packed, ResNet-50 unchanged)."""
     if u_index is None or v_index is None or (tile_v is not None and tile_v % nr):
         return None
     if stmt.op not in ("+=", "*=", "max=", "min="):

@@ -19,6 +19,7 @@ from polyc.errors import CompileError
 from polyc.lang import ast as L
 from polyc.options import Options
 from polyc.poly.scop import PolyStatement, Scop, Tensor
+from targets import RUNNABLE_CPUS
 
 TARGET = host_target()
 DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
@@ -966,16 +967,13 @@ def test_guarded_strided_reads_are_masked_loads_of_a_power_of_two_width():
     np.testing.assert_allclose(compiled(X, W)[0], expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("cpu", ["znver3", "znver4"])
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
 @pytest.mark.parametrize("guarded", [False, True])
 def test_a_transposing_epilogue_runs_as_gathers_and_scatters(cpu, guarded, monkeypatch):
     """A channels-last accumulation read back into NCHW in the same tile (the form of a channels-last
     convolution's epilogue): the vector loop runs along the channels, so the ``=`` statement writes ``Y(m, h,
     w)`` and reads the residual ``R(m, h, w)`` a row apart: a scatter and a gather (``llvm.masked.*``), under
     a guard too, instead of a scalar loop; results are numpy's and the naive kernel's, on two threads too."""
-    from polyc.target import AVX512_CPUS
-    if cpu in AVX512_CPUS and host_target().vector_bits < 512:
-        pytest.skip("this host has no AVX-512 to run the code")
     monkeypatch.setenv("POLYC_CPU", cpu)
     residual = "(w >= 1 ? R(m, h, w - 1) : 0.0)" if guarded else "R(m, h, w)"
     src = f"""def clconv(float(C,H,W) X, float(C,M) Wt, float(M,H,W) R) -> (Y) {{

@@ -1,5 +1,4 @@
 """POLYC_CPU: generating and running code for an instruction-set level other than the host's."""
-import os
 import re
 
 import numpy as np
@@ -7,17 +6,9 @@ import pytest
 
 import polyc
 from polyc.target import AVX2_CPUS, AVX512_CPUS, host_target, override_cpu
+from targets import plain_host as _plain_host
 
 MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
-
-
-def _plain_host():
-    saved = os.environ.pop("POLYC_CPU", None)
-    try:
-        return host_target()
-    finally:
-        if saved is not None:
-            os.environ["POLYC_CPU"] = saved
 
 
 def _asm_registers(monkeypatch, cpu):

@@ -158,8 +158,6 @@ CHANNELS_LAST_MIN_IN_CHANNELS = 16
 CHANNELS_LAST_MIN_EMPTY_LANES = 0.1
 
 
-
-
 def vector_lanes(dtype: str) -> int:
     """The vector lanes of ``dtype`` on the target the kernels are compiled for (``POLYC_CPU`` or the host)."""
     return host_target().lanes(np.dtype(dtype).name)
@@ -410,24 +408,27 @@ def matmul(b: Builder, node):
 
 # ---- pooling and normalisation --------------------------------------------------------------------------------
 
-def _pool_geometry(b, node, x, ys):
+def _pool_geometry(b, node, x, ys, first: int = 2):
+    """``(nsp, kernel, strides, dilations, leading pads)`` of a pooling whose spatial dims start at axis
+    ``first`` of ``x`` and ``ys`` (2 in NCHW, 1 in NHWC)."""
     nsp = len(x.shape) - 2
     kernel = list(attr(node, "kernel_shape"))
     strides = list(attr(node, "strides", [1] * nsp))
     dil = list(attr(node, "dilations", [1] * nsp))
-    pb = pads_begin(node, x.shape[2:], ys[2:], kernel, strides, dil)
+    pb = pads_begin(node, x.shape[first:first + nsp], ys[first:first + nsp], kernel, strides, dil)
     return nsp, kernel, strides, dil, pb
 
 
-def _window_read(x, ys, idx, red, nsp, kernel, strides, dil, pb, fill: str) -> str:
-    """The read of a pooling window's element ``red`` for output ``idx`` (N, C, spatial...), ``fill`` where
-    the window lies in the padding."""
+def _window_read(x, ys, idx, red, nsp, kernel, strides, dil, pb, fill: str, first: int = 2) -> str:
+    """The read of a pooling window's element ``red`` for output ``idx`` (spatial dims from axis ``first``:
+    N, C, spatial... or N, spatial..., C), ``fill`` where the window lies in the padding."""
     coords, conds = [], []
     for i in range(nsp):
-        t, cs = window(idx[2 + i], red[i], strides[i], dil[i], pb[i], x.shape[2 + i], ys[2 + i], kernel[i])
+        a = first + i
+        t, cs = window(idx[a], red[i], strides[i], dil[i], pb[i], x.shape[a], ys[a], kernel[i])
         coords.append(t)
         conds += cs
-    read = x.at(idx[:2] + coords)
+    read = x.at(list(idx[:first]) + coords + list(idx[first + nsp:]))
     return f"({guard(conds)}) ? {read} : {fill}" if conds else read
 
 
@@ -435,37 +436,15 @@ def max_pool(b: Builder, node):
     """MaxPool: pads (padding never wins), strides, dilations, ceil_mode, auto_pad. With ``polyc_layout`` =
     ``NHWC`` (a channels-last region, :mod:`polyc.onnx.layout`), a 2-D MaxPool of an ``(N, H, W, C)`` image
     into ``(N, OH, OW, C)``: the channel is the stride-1 (vector) dimension of every tap, no strided reads."""
-    if attr(node, LAYOUT_ATTR) == NHWC:
-        return [_max_pool_nhwc(b, node)]
     x = b.input(node, 0)
     ys = b.out_shape(node)
-    nsp, kernel, strides, dil, pb = _pool_geometry(b, node, x, ys)
+    first = 1 if attr(node, LAYOUT_ATTR) == NHWC else 2
+    nsp, kernel, strides, dil, pb = _pool_geometry(b, node, x, ys, first)
 
     def body(idx, red):
-        return _window_read(x, ys, idx, red, nsp, kernel, strides, dil, pb, lowest(x.dtype))
+        return _window_read(x, ys, idx, red, nsp, kernel, strides, dil, pb, lowest(x.dtype), first)
     real, names = reduction_dims(kernel)
     return [b.emit(ys, x.dtype, lambda idx, red: body(idx, names(red)), reduce_op_for(real, "max=!"), real)]
-
-
-def _max_pool_nhwc(b: Builder, node):
-    """``Y(n, oh, ow, c) max=! X(n, h, w, c)`` over each window (see :func:`max_pool`)."""
-    x = b.input(node, 0)
-    ys = b.out_shape(node)
-    kernel = list(attr(node, "kernel_shape"))
-    strides = list(attr(node, "strides", [1, 1]))
-    dil = list(attr(node, "dilations", [1, 1]))
-    pb = pads_begin(node, x.shape[1:3], ys[1:3], kernel, strides, dil)
-    real, names = reduction_dims(kernel)
-
-    def body(idx, red):
-        coords, conds = [], []
-        for i, k in enumerate(names(red)):
-            t, cs = window(idx[1 + i], k, strides[i], dil[i], pb[i], x.shape[1 + i], ys[1 + i], kernel[i])
-            coords.append(t)
-            conds += cs
-        read = x.at([idx[0]] + coords + [idx[3]])
-        return f"({guard(conds)}) ? {read} : {lowest(x.dtype)}" if conds else read
-    return b.emit(ys, x.dtype, body, reduce_op_for(real, "max=!"), real)
 
 
 def _window_counts(in_n, out_n, k, s, d, pb, lo, hi):
@@ -641,13 +620,15 @@ CONVERTERS = {
 _SPATIAL = {"auto_pad", "dilations", "kernel_shape", "pads", "strides"}
 
 #: Every attribute ONNX defines for the op (opsets 7..newest), and polyc's own ``polyc_layout`` that
-#: :mod:`polyc.onnx.layout` sets on a Conv or MaxPool (onnx's checker rejects it in a model); anything else is reported.
+#: :mod:`polyc.onnx.layout` sets on a Conv or MaxPool (onnx's checker rejects it in a model); anything else is
+#: reported.
 KNOWN_ATTRS = {
     "Conv": _SPATIAL | {"group", LAYOUT_ATTR}, "ConvTranspose": _SPATIAL | {"group", "output_padding", "output_shape"},
     "Gemm": {"alpha", "beta", "transA", "transB"}, "LeakyRelu": {"alpha"}, "Gelu": {"approximate"},
     "Clip": {"min", "max"}, "Cast": {"to", "saturate"},
     "BatchNormalization": {"epsilon", "momentum", "spatial", "training_mode"}, "LRN": {"alpha", "beta", "bias", "size"},
-    "MaxPool": _SPATIAL | {"ceil_mode", "storage_order", LAYOUT_ATTR}, "AveragePool": _SPATIAL | {"ceil_mode", "count_include_pad"},
+    "MaxPool": _SPATIAL | {"ceil_mode", "storage_order", LAYOUT_ATTR},
+    "AveragePool": _SPATIAL | {"ceil_mode", "count_include_pad"},
     "Softmax": {"axis"}, "LogSoftmax": {"axis"}, "LayerNormalization": {"axis", "epsilon", "stash_type"},
     "Shape": {"start", "end"},
     "Constant": {"value", "value_float", "value_floats", "value_int", "value_ints"}, "ConstantOfShape": {"value"},
