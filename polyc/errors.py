@@ -51,6 +51,10 @@ class PolycError(Exception):
         self.filename = filename
         super().__init__(self.render())
 
+    def __reduce__(self):
+        """Pickled with every field (an error crosses from a compile worker process whole)."""
+        return _restore, (type(self), dict(self.__dict__))
+
     def render(self) -> str:
         """The full message: location, the source line with a caret, and the hint."""
         if self.span is None:
@@ -104,3 +108,11 @@ class CompileError(PolycError):
 
 class KernelRuntimeError(PolycError):
     """A compiled kernel detected a fault while running (e.g. a gather index out of range)."""
+
+
+def _restore(cls: type, fields: dict) -> PolycError:
+    """An unpickled :class:`PolycError` (of class ``cls``) with its ``fields``."""
+    error = cls.__new__(cls)
+    error.__dict__.update(fields)
+    error.args = (error.render(),)
+    return error

@@ -66,12 +66,13 @@ class Lowered:
 
 
 def lower(checked: L.CheckedDef, sizes: dict, options: Options, target: Target,
-          constants: frozenset = frozenset(), scop=None) -> Lowered:
+          constants: frozenset = frozenset(), scop=None, verify: bool | None = None) -> Lowered:
     """The polyhedral half of the pipeline for ``checked`` at ``sizes`` (size name → extent). ``scop``: the
     Scop of these sizes when the caller built it already (:meth:`polyc.Kernel.signature` does), so no stage
-    runs twice; ``constants``: inputs whose values the caller keeps between calls (they may arrive packed).
+    runs twice; ``constants``: inputs whose values the caller keeps between calls (they may arrive packed);
+    ``verify``: run the verifier between stages (None: as ``POLYC_VERIFY`` says, :func:`polyc.env.verify`).
     Raises what the stages raise (CompileError from the verifier)."""
-    log = debug.StageLogger([verify_stage] if env.verify() else [])
+    log = debug.StageLogger([verify_stage] if (env.verify() if verify is None else verify) else [])
     scop = log.given("scop", scop) if scop is not None else log("scop", build_scop, checked, sizes)
     deps = log("dependences", compute_dependences, scop)
     schedule = log("schedule", compute_schedule, scop, deps, options, show=tree_text)

@@ -1,11 +1,12 @@
 """Native programs: many kernels linked into one LLVM module with a generated entry point — a whole model
 as one native call.
 
-``link_program(name, kernels, calls, n_slots)`` lowers each kernel through the pipeline
-(:func:`polyc.pipeline.lower`, :func:`~polyc.pipeline.emit`) into one shared module, adds the entry
-``i32 @name(ptr buffers)`` that makes the :class:`KernelCall` s in order (:func:`polyc.codegen.emit_entry`),
-JIT-compiles the module once and caches its object code on disk. The ONNX executor
-(:mod:`polyc.onnx.native`) is its user.
+``link_program(name, kernels, calls, n_slots)`` compiles each kernel through the pipeline
+(:func:`polyc.pipeline.lower`, :func:`~polyc.pipeline.emit`) into an object of its own — in worker processes
+at once when there are many (:mod:`polyc.runtime.workers`) — adds an entry ``i32 @name(ptr buffers)`` that
+makes the :class:`KernelCall` s in order (:func:`polyc.codegen.emit_entry`) and loads the objects linked
+together (:func:`polyc.codegen.load_objects`); the objects are cached on disk, per kernel and per program.
+The ONNX executor (:mod:`polyc.onnx.native`) is its user.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import debug
-from .codegen import compile_module, emit_entry, load_object, new_module
+from . import debug, env
+from .codegen import compile_object, emit_entry, load_objects, new_module
 from .errors import ShapeError
 from .kernel import Kernel, status_error
 from .lang.ast import itemsize
@@ -26,6 +27,7 @@ from .poly import schedule as schedule_module
 from .poly.build import input_shapes
 from .poly.promote import packed_array
 from .runtime import cache
+from .runtime.workers import run_jobs
 from .target import host_target
 
 
@@ -92,12 +94,14 @@ def link_program(name: str, kernels, calls, n_slots: int, options: Options | Non
     """Compile ``kernels`` (``[(Kernel, sizes), ...]``) into one module whose entry ``@name(ptr buffers)``
     makes ``calls`` (:class:`KernelCall`) in order — a whole model as one native call.
 
-    Each kernel is lowered once, straight into the shared module (no kernel is JIT-compiled on its own), in
-    the order given; ``on_kernel(index, seconds)``, when given, is called after kernel ``index`` is lowered
-    and emitted (so on an error, the kernels reported so far are the ones that succeeded). The object code
-    is cached on disk under a key over every kernel's source, def, sizes, the options, the calls, the
-    constant slots and the target; a hit skips the compiler entirely and reports no kernel. Raises what the
-    pipeline raises.
+    Each distinct kernel is compiled once to an object of its own, by worker processes at once when there are
+    many (:func:`compile_processes`), and the objects are linked with the entry's when loaded;
+    ``on_kernel(index, seconds)``, when given, is called for each kernel in order once it is compiled (0
+    seconds for one from the disk cache), so on an error the kernels reported so far are the ones that
+    succeeded. Each kernel's object is cached on disk under a key over its source, def, sizes, constants,
+    the options and the target; the whole program's objects under a key over every kernel's source, def,
+    sizes, the options, the calls, the constant slots and the target: a hit skips the compiler entirely and
+    reports no kernel. Raises what the pipeline raises, CompileError when a compile worker dies.
 
     ``constant_slots``: slots whose contents never change (a model's weights). A kernel input that is at
     offset 0 of a constant slot in every call of that kernel is packed once instead of per call where the
@@ -115,19 +119,100 @@ def _constant_inputs(kernel: Kernel, index: int, calls, constant_slots: frozense
         c.args[j][0] in constant_slots and c.args[j][1] == 0 for c in mine))
 
 
+@dataclass(frozen=True)
+class KernelJob:
+    """One kernel of a program to compile to an object on its own (:func:`compile_kernel_object`); plain data
+    that crosses to a compile worker process: the def's ``source`` and ``name``, its ``sizes`` (sorted
+    ``(size, extent)`` pairs), the ``constants`` it may read packed, the resolved ``options``, the ``target``,
+    the ``symbol`` its function gets and whether the verifier runs between stages."""
+
+    source: str
+    name: str
+    sizes: tuple
+    constants: frozenset
+    options: Options
+    target: object
+    symbol: str
+    verify: bool
+
+
+@dataclass(frozen=True)
+class KernelObject:
+    """A kernel compiled to a relocatable object: ``object_code`` defines ``i32 @symbol(ptr args)``;
+    ``packed`` lists ``(argument index, shape, itemsize, block)`` of the inputs it reads packed; ``fallback``
+    says the scheduler's time box cut a run short while compiling it (such an object is not cached)."""
+
+    object_code: bytes
+    packed: tuple
+    fallback: bool
+    seconds: float
+
+
+def compile_kernel_object(job: KernelJob, kernel: Kernel | None = None) -> KernelObject:
+    """Lower, emit and compile ``job`` into a module of its own (``kernel``: the job's kernel when this process
+    has it, so its parse and its Scop are reused). Runs in a compile worker or in this process; raises what
+    the pipeline raises."""
+    started = time.perf_counter()
+    cut_before = schedule_module.cut_off
+    sizes = dict(job.sizes)
+    if kernel is None:
+        kernel = Kernel(job.source, job.name, job.options)
+    lowered = lower(kernel.checked, sizes, job.options, job.target, job.constants, kernel.take_scop(sizes),
+                    verify=job.verify)
+    module = new_module(job.target)
+    emit(module, lowered, job.symbol, job.target, job.options)
+    object_code = compile_object(module, job.target, job.options.opt_level, job.options.unroll != 0)
+    shapes = input_shapes(kernel.checked, sizes)  # a packed input's Scop shape is its packed one
+    packed = tuple((j, shapes[t.name], itemsize(t.dtype), t.packed)
+                   for j, t in enumerate(lowered.scop.tensors) if t.packed)
+    return KernelObject(object_code, packed, schedule_module.cut_off != cut_before,
+                        time.perf_counter() - started)
+
+
+def compile_processes(count: int) -> int:
+    """How many processes compile ``count`` kernels: ``POLYC_COMPILE_JOBS``, else the target's usable cores;
+    1 (this process) below :data:`PARALLEL_MIN_KERNELS` kernels or while a debug level or stage timing asks
+    for the stages' output in order."""
+    if count < PARALLEL_MIN_KERNELS or debug.level() > 0 or env.time_stages():
+        return 1
+    return min(count, env.compile_jobs() or host_target().cores)
+
+
+#: Fewer kernels to compile than this and a program compiles them in this process: starting the worker
+#: processes (once per process, about 0.3 s each) and their first compile would cost more than they save.
+PARALLEL_MIN_KERNELS = 8
+
+
 def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_kernel,
                   constant_slots: frozenset) -> NativeProgram:
-    """:func:`link_program` under the compile lock."""
+    """:func:`link_program` under the compile lock.
+
+    Each kernel is compiled to an object of its own (:func:`compile_kernel_object`), looked up first in the
+    disk cache under a key over its def, sizes, constants, options and target (so models sharing a kernel, or
+    a model compiled again after a change, compile only what is new); the misses are compiled by worker
+    processes at once (:func:`polyc.runtime.workers.run_jobs`, :func:`compile_processes` of them). The entry
+    point is a module of its own calling the kernels' symbols; MCJIT links the objects when it loads them."""
     target = host_target()
     options = resolve_options(options, target)
     described = [(k.source, k.name, sorted(sizes.items())) for k, sizes in kernels]
     layout = [(c.kernel, c.args) for c in calls]
     key = cache.make_key("program", name, described, layout, n_slots, sorted(constant_slots),
                          options.to_spec(), target.key())
-    symbols = tuple(f"{name}.k{i}.{k.name}" for i, (k, _) in enumerate(kernels))
+    jobs = []
+    for index, (k, sizes) in enumerate(kernels):
+        constants = _constant_inputs(k, index, calls, constant_slots)
+        job_key = cache.make_key("kernel object", k.source, k.name, sorted(sizes.items()), sorted(constants),
+                                 options.to_spec(), target.key())
+        jobs.append((job_key, KernelJob(k.source, k.name, tuple(sorted(sizes.items())), constants, options, target,
+                                        f"polyc.{k.name}.{job_key[:16]}", env.verify())))
+    symbols = tuple(job.symbol for _, job in jobs)
 
     def decode(entry) -> NativeProgram:
-        jit = load_object(entry["object"], target, (name,))
+        blob, objects = entry["objects"], []
+        for size in entry["sizes"]:
+            objects.append(blob[:size])
+            blob = blob[size:]
+        jit = load_objects(objects, target, (name, *symbols))
         packed = tuple(PackedSlot(s, tuple(shape), size, block) for s, shape, size, block in entry["packed"])
         return NativeProgram(name, jit, symbols, n_slots, True, packed)
 
@@ -135,34 +220,54 @@ def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_
     if found is not None:
         return found
     started = time.perf_counter()
-    cut_before = schedule_module.cut_off
-    module = new_module(target)
-    packed_slots: dict = {}  # PackedSlot -> its slot
-    blocks = []  # per kernel: {argument index: (shape, dtype, block)} of the inputs it reads packed
-    for index, (symbol, (k, sizes)) in enumerate(zip(symbols, kernels)):
-        t = time.perf_counter()
-        constants = _constant_inputs(k, index, calls, constant_slots)
-        lowered = lower(k.checked, sizes, options, target, constants, k.take_scop(sizes))
-        emit(module, lowered, symbol, target, options)
-        shapes = input_shapes(k.checked, sizes)  # a packed input's Scop shape is its packed one
-        blocks.append({j: (shapes[t.name], itemsize(t.dtype), t.packed)
-                       for j, t in enumerate(lowered.scop.tensors) if t.packed})
+    results: dict[str, KernelObject] = {}  # job key -> its object (identical kernels compile once)
+    todo = {}
+    for index, (job_key, job) in enumerate(jobs):
+        if job_key in results or job_key in todo:
+            continue
+        hit = cache.fetch(job_key, lambda e: KernelObject(e["object"], tuple(
+            (j, tuple(shape), size, block) for j, shape, size, block in e["packed"]), False, 0.0),
+            f"object of kernel {job.name}")
+        if hit is not None:
+            results[job_key] = hit
+        else:
+            todo[job_key] = index
+    processes = compile_processes(len(todo))
+    work = [jobs[i][1] for i in todo.values()]
+    if processes > 1:
+        for i in todo.values():  # the workers build their own: drop the Scops signature() kept
+            kernels[i][0].take_scop(dict(jobs[i][1].sizes))
+        compiled = run_jobs(compile_kernel_object, work, processes)
+    else:
+        compiled = (compile_kernel_object(job, kernels[i][0]) for job, i in zip(work, todo.values()))
+    fallback = False
+    for index, (job_key, _) in enumerate(jobs):  # in kernel order, as the contract of on_kernel says
+        seconds = 0.0  # a kernel from the disk cache, or one identical to an earlier one
+        if todo.get(job_key) == index:
+            result = results[job_key] = next(compiled)
+            seconds, fallback = result.seconds, fallback or result.fallback
+            if not result.fallback:
+                cache.store(job_key, {"object": result.object_code, "packed": [list(p) for p in result.packed]})
         if on_kernel is not None:
-            on_kernel(index, time.perf_counter() - t)
+            on_kernel(index, seconds)
+    packed_slots: dict = {}  # PackedSlot -> its slot
     entry_calls = []
     for c in calls:
         args = list(c.args)
-        for j, (shape, size, block) in blocks[c.kernel].items():
-            slot = PackedSlot(args[j][0], shape, size, block)
+        for j, shape, size, block in results[jobs[c.kernel][0]].packed:
+            slot = PackedSlot(args[j][0], tuple(shape), size, block)
             args[j] = (packed_slots.setdefault(slot, n_slots + len(packed_slots)), 0)
         entry_calls.append((symbols[c.kernel], args))
-    emit_entry(module, name, entry_calls)
-    jit = debug.StageLogger()("link", compile_module, str(module), target, options.opt_level,
-                                   options.unroll != 0, show=lambda _: None)
+    module = new_module(target)
+    emit_entry(module, name, entry_calls, external=True)
+    objects = [compile_object(module, target, options.opt_level, options.unroll != 0, frozenset(symbols))]
+    objects += [results[k].object_code for k in dict.fromkeys(k for k, _ in jobs)]
+    jit = debug.StageLogger()("link", load_objects, objects, target, (name, *symbols), show=lambda _: None)
     packed = tuple(packed_slots)
-    if schedule_module.cut_off == cut_before:  # see polyc.poly.schedule.cut_off
-        cache.store(key, {"object": jit.object_code,
+    if not fallback:  # see polyc.poly.schedule.cut_off
+        cache.store(key, {"objects": b"".join(objects), "sizes": [len(o) for o in objects],
                           "packed": [(p.source, list(p.shape), p.itemsize, p.block) for p in packed]})
-    debug.log(f"program {name}: {len(kernels)} kernels linked in {(time.perf_counter() - started):.2f} s"
+    debug.log(f"program {name}: {len(kernels)} kernels ({len(todo)} compiled, in {processes} "
+              f"process{'es' if processes > 1 else ''}) linked in {(time.perf_counter() - started):.2f} s"
               + (f", {len(packed)} constants packed once" if packed else ""))
     return NativeProgram(name, jit, symbols, n_slots, False, packed)

@@ -25,13 +25,19 @@ I8 = ir.IntType(8)
 PTR = ir.PointerType()
 
 
-def emit_entry(module: ir.Module, name: str, calls) -> ir.Function:
+def emit_entry(module: ir.Module, name: str, calls, external: bool = False) -> ir.Function:
     """Add ``define i32 @<name>(ptr %buffers)`` running ``calls`` in order.
 
-    ``calls`` is a sequence of ``(function name, [(slot, byte offset), ...])``: the kernel (already in the
-    module, signature ``i32 (ptr)``) and, per tensor argument of the kernel, the index of its base pointer in
-    ``buffers`` and the offset in bytes from it. Raises CompileError for an unknown kernel.
+    ``calls`` is a sequence of ``(function name, [(slot, byte offset), ...])``: the kernel (signature
+    ``i32 (ptr)``) and, per tensor argument of the kernel, the index of its base pointer in ``buffers`` and the
+    offset in bytes from it. A kernel must be in the module already, unless ``external``: then the kernels the
+    module lacks are declared, to be defined by other objects linked with it. Raises CompileError for an
+    unknown kernel.
     """
+    if external:
+        for callee, _ in calls:
+            if module.globals.get(callee) is None:
+                ir.Function(module, ir.FunctionType(I32, [PTR]), callee)
     fn = ir.Function(module, ir.FunctionType(I32, [PTR]), name)
     fn.args[0].name = "buffers"
     fn.attributes.add("nounwind")

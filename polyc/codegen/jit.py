@@ -153,11 +153,34 @@ def compile_module(module_or_ir_text, target: Target, opt_level: int = 3, unroll
         return _compile(text, target, opt_level, unroll)
 
 
+def compile_object(module_or_ir_text, target: Target, opt_level: int = 3, unroll: bool = True,
+                   linked: frozenset = frozenset()) -> bytes:
+    """:func:`compile_module` up to the relocatable object, without loading it: the object code (bytes) for
+    :func:`load_objects`, here or in another process of the same machine (a compile worker). ``linked``: the
+    functions the module declares that other objects loaded with it define. Thread-safe (serialized); raises
+    like :func:`compile_module`."""
+    if not 0 <= opt_level <= 3:
+        raise CompileError(f"jit: opt_level must be 0..3, got {opt_level}")
+    text = str(module_or_ir_text) if isinstance(module_or_ir_text, ir.Module) else module_or_ir_text
+    with _LOCK:
+        _init_llvm()
+        _ensure_pool(target)
+        return _emit_object(text, target, opt_level, unroll, linked)[0]
+
+
 def _compile(text: str, target: Target, opt_level: int, unroll: bool = True) -> JitModule:
     """:func:`compile_module` without the pool (which is compiled through here itself). Call under ``_LOCK``."""
+    object_code, kernels, ir_text = _emit_object(text, target, opt_level, unroll)
+    return _load([object_code], target, kernels, ir_text, opt_level)
+
+
+def _emit_object(text: str, target: Target, opt_level: int, unroll: bool,
+                 linked: frozenset = frozenset()) -> tuple[bytes, tuple[str, ...], str]:
+    """Optimize ``text`` and emit its object: ``(object code, the functions it defines, optimized IR text)``.
+    Call under ``_LOCK``."""
     mod, tm, kernels = _optimize(text, target, opt_level, unroll)
     what = ", ".join(kernels) or "an empty module"
-    _check_externals(mod, what)
+    _check_externals(mod, what, linked)
     ir_text = str(mod)
     try:
         object_code = bytes(tm.emit_object(mod))
@@ -166,7 +189,7 @@ def _compile(text: str, target: Target, opt_level: int, unroll: bool = True) -> 
     finally:
         mod.close()
         tm.close()
-    return _load(object_code, target, kernels, ir_text, opt_level)
+    return object_code, kernels, ir_text
 
 
 def _optimize(text: str, target: Target, opt_level: int, unroll: bool):
@@ -204,19 +227,22 @@ def _optimize(text: str, target: Target, opt_level: int, unroll: bool):
     return mod, tm, kernels
 
 
-def _load(object_code: bytes, target: Target, kernels: tuple[str, ...], ir_text: str = "",
+def _load(objects: list[bytes], target: Target, kernels: tuple[str, ...], ir_text: str = "",
           opt_level: int = 3) -> JitModule:
-    """An MCJIT engine over an empty module with ``object_code`` added. Call under ``_LOCK``."""
+    """An MCJIT engine over an empty module with ``objects`` added (their symbols resolve each other's
+    references when the engine is finalized). Call under ``_LOCK``."""
     try:
         tm = _target_machine(target, 0)
         empty = llvm.parse_assembly(f'target triple = "{target.triple}"')
         engine = llvm.create_mcjit_compiler(empty, tm)
-        engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
+        for object_code in objects:
+            engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
         engine.finalize_object()
     except RuntimeError as e:
         raise CompileError(f"jit: cannot load an object for {target.triple} "
                            f"({', '.join(kernels) or 'no kernel named'}): {e}") from None
-    return JitModule(engine, target, kernels, object_code, ir_text, opt_level)
+    return JitModule(engine, target, kernels, b"".join(objects) if len(objects) > 1 else objects[0], ir_text,
+                     opt_level)
 
 
 def load_object(object_code: bytes, target: Target, symbols: tuple[str, ...] = (), source: str = "",
@@ -235,9 +261,38 @@ def load_object(object_code: bytes, target: Target, symbols: tuple[str, ...] = (
     with _LOCK:
         _init_llvm()
         _ensure_pool(target)
-        jit = _load(object_code, target, tuple(symbols), opt_level=opt_level)
+        jit = _load([object_code], target, tuple(symbols), opt_level=opt_level)
     jit._source = (source, unroll) if source else None
     return jit
+
+
+def load_objects(objects, target: Target, symbols: tuple[str, ...] = ()) -> JitModule:
+    """Load several objects (:func:`compile_object`) into one MCJIT engine, linked together: a call from one
+    object to a function another defines resolves when the engine is finalized. Each object is checked
+    (:func:`check_object`); ``symbols`` (the functions the caller will ask for) must be defined by one of them.
+    ``object_code`` of the result is the objects concatenated (not loadable as one: keep the list). Thread-safe
+    (serialized). Raises CompileError like :func:`load_object`, or when two objects define the same function."""
+    objects = [bytes(o) for o in objects]
+    defined: dict[str, int] = {}
+    needed: set[str] = set()
+    for i, object_code in enumerate(objects):
+        exported, undefined = check_object(object_code, target)
+        needed |= undefined
+        for name in exported:
+            if name in defined:
+                raise CompileError(f"jit: objects {defined[name]} and {i} both define {name!r}")
+            defined[name] = i
+    missing = [s for s in symbols if s not in defined]
+    if missing:
+        raise CompileError(f"jit: no object defines {', '.join(map(repr, missing))}")
+    with _LOCK:
+        _init_llvm()
+        _ensure_pool(target)
+        unresolved = sorted(n for n in needed - defined.keys() if not llvm.address_of_symbol(n))
+        if unresolved:  # MCJIT would abort the process
+            raise CompileError(f"jit: the objects call {', '.join(map(repr, unresolved))}, which no object "
+                               "defines and this process does not have")
+        return _load(objects, target, tuple(symbols))
 
 
 # ---- checking an object before LLVM reads it ---------------------------------------------------------
@@ -247,18 +302,20 @@ _ELF_MACHINES = {"x86_64": 62, "aarch64": 183, "arm64": 183, "riscv64": 243, "pp
 _SHT_SYMTAB, _SHT_STRTAB, _SHT_RELA, _SHT_NOBITS, _SHT_REL = 2, 3, 4, 8, 9
 
 
-def check_object(data: bytes, target: Target, symbols: tuple[str, ...] = ()) -> None:
+def check_object(data: bytes, target: Target, symbols: tuple[str, ...] = ()) -> tuple[set, set]:
     """Check that ``data`` is a well-formed 64-bit little-endian ELF relocatable object for ``target``'s
     machine, every section (and the section header table) lies inside the file, the symbol table's names,
     section indices and every relocation's symbol and offset are in range, and each name in ``symbols`` is a
-    defined function. Raises CompileError saying what is wrong (the object must then not be loaded)."""
+    defined function. Returns ``(exported, undefined)``: the names of the global functions it defines and
+    of the symbols it needs from elsewhere. Raises CompileError saying what is wrong (the object must then not
+    be loaded)."""
     try:
-        _check_elf(data, target, symbols)
+        return _check_elf(data, target, symbols)
     except struct.error as e:
         raise CompileError(f"jit: malformed object: truncated ({e})") from None
 
 
-def _check_elf(data: bytes, target: Target, symbols: tuple[str, ...]) -> None:
+def _check_elf(data: bytes, target: Target, symbols: tuple[str, ...]) -> tuple[set, set]:
     def bad(why: str):
         return CompileError(f"jit: malformed object ({len(data)} bytes): {why}",
                             hint="a corrupt or foreign object is never loaded; it is recompiled")
@@ -286,6 +343,8 @@ def _check_elf(data: bytes, target: Target, symbols: tuple[str, ...]) -> None:
         if link >= e_shnum:
             raise bad(f"section {i} links to section {link} of {e_shnum}")
     defined: set[str] = set()
+    exported: set[str] = set()
+    undefined: set[str] = set()
     n_symbols: dict[int, int] = {}
     for i, (_name, kind, _flags, _addr, offset, size, link, _info, _align, entsize) in enumerate(sections):
         if kind != _SHT_SYMTAB:
@@ -303,8 +362,13 @@ def _check_elf(data: bytes, target: Target, symbols: tuple[str, ...]) -> None:
             end = data.find(b"\0", str_off + st_name, str_off + str_size)
             if end < 0:
                 raise bad(f"symbol {k}'s name is not terminated")
+            name = data[str_off + st_name:end].decode("utf-8", "replace")
             if st_shndx != 0 and st_info & 0xF == 2:  # a defined function
-                defined.add(data[str_off + st_name:end].decode("utf-8", "replace"))
+                defined.add(name)
+                if st_info >> 4 != 0:  # not a local one
+                    exported.add(name)
+            elif st_shndx == 0 and name:
+                undefined.add(name)
     for i, (_name, kind, _flags, _addr, offset, size, link, info, _align, entsize) in enumerate(sections):
         if kind not in (_SHT_RELA, _SHT_REL):
             continue
@@ -319,12 +383,15 @@ def _check_elf(data: bytes, target: Target, symbols: tuple[str, ...]) -> None:
     missing = [name for name in symbols if name not in defined]
     if missing:
         raise bad(f"it does not define {', '.join(missing)}")
+    return exported, undefined
 
 
-def _check_externals(mod, what: str) -> None:
-    """Every declared non-intrinsic function must resolve in-process (MCJIT would abort otherwise)."""
+def _check_externals(mod, what: str, linked: frozenset = frozenset()) -> None:
+    """Every declared non-intrinsic function but those in ``linked`` must resolve in-process (MCJIT would
+    abort otherwise)."""
     for f in mod.functions:
-        if f.is_declaration and not f.name.startswith("llvm.") and not llvm.address_of_symbol(f.name):
+        if f.is_declaration and not f.name.startswith("llvm.") and f.name not in linked \
+                and not llvm.address_of_symbol(f.name):
             raise CompileError(f"jit: {what} calls {f.name!r}, which is not found in this process",
                                hint="the C library providing it must be loaded (libm, glibc)")
 

@@ -10,7 +10,7 @@
     kernels = lower_groups(graph, groups)       # one TC def per kernel group
     steps = compile_kernels(kernels, options)   # polyc.define(...) + signature: shapes, no native code yet
     plan = plan_memory(graph, groups, scratch)  # one arena by liveness (the kernels' temporaries included)
-    executor = make_executor(Program(...))      # native: every kernel lowered once into one module
+    executor = make_executor(Program(...))      # native: every kernel compiled once, linked into one program
 """
 from __future__ import annotations
 

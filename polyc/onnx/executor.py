@@ -3,7 +3,7 @@
 :class:`~polyc.onnx.steps.Program` is what the compiler hands to an executor: the steps (one kernel per kernel
 group, specialised on its shapes, with the ONNX names of its arguments), the memory plan, the constants and the
 graph's inputs and outputs (:mod:`polyc.onnx.steps`). A step carries its kernel's signature but no native code:
-the native executor (:mod:`polyc.onnx.native`) lowers every kernel into one module, and only
+the native executor (:mod:`polyc.onnx.native`) links every kernel into one native program, and only
 :class:`PythonExecutor` JIT-compiles each kernel on its own (:meth:`~polyc.onnx.steps.Step.compile`, on first
 use). Both implement ``run(feeds) -> list[np.ndarray]`` on the same program; :func:`make_executor` is the one
 place that picks the implementation.
@@ -112,7 +112,7 @@ class PythonExecutor:
 
 
 def make_executor(program: Program, native: bool | None = None, progress: bool = False):
-    """The executor for ``program``: the native one (every kernel lowered once into one module, one native
+    """The executor for ``program``: the native one (every kernel linked into one program, one native
     call per run; :mod:`polyc.onnx.native`), or the Python-driven one with ``native=False`` or
     ``POLYC_EXECUTOR=python`` (for debugging: it JIT-compiles each kernel on its own and can time each).
     ``progress`` shows a tqdm bar while kernels compile."""
