@@ -4,6 +4,8 @@
     polyc run FILE.tc --def NAME --sizes M=64,N=64,K=64 [--runs 10] [--options SPEC]
     polyc run [MODEL.onnx] [--input NAME=file.npy ...] [--bench N]     (no model: the bundled ResNet-50)
     polyc compile MODEL.onnx [--show-groups]
+    polyc export MODEL.onnx -o DIR [--name NAME] [--threads N]
+    polyc export FILE.tc --def NAME --sizes M=64,N=64,K=64 -o DIR [--name NAME] [--options SPEC]
 
 Errors of the compiler and of the command line are printed as their message (no traceback) with exit status
 1; so is a bundled model whose output does not match the expected output shipped with it.
@@ -253,6 +255,22 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    options = Options.from_spec(args.options) if args.options else Options()
+    if args.threads:
+        options = options.replace(threads=args.threads)
+    if args.file.endswith(".onnx"):
+        from .onnx.export import export_model
+        lib = export_model(args.file, args.output, args.name, options)
+    else:
+        from .export import export_kernel
+        lib = export_kernel(read_source(args.file), parse_sizes(args.sizes), args.output, args.name, options,
+                            args.def_name)
+    for path in (lib.library, lib.object, lib.header):
+        print(path)
+    return 0
+
+
 def _positive(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -297,9 +315,21 @@ def main(argv=None) -> int:
     p.add_argument("--show-groups", action="store_true",
                    help="also print the generated TC source of every fusion group's kernel")
     p.add_argument("--threads", type=_positive, default=None, help="threads per kernel")
+    what = "write a C library (lib<name>.so, <name>.o, <name>.h) running an ONNX model or a def of a .tc file"
+    p = sub.add_parser("export", help=what, description=what)
+    p.add_argument("file", help="an .onnx model or a .tc file")
+    p.add_argument("-o", "--output", required=True, help="the directory to write into (created)")
+    p.add_argument("--name", default=None, help="the C name of the library and its functions (default: the "
+                                                "model file's stem or the def's name)")
+    p.add_argument("--def", dest="def_name", default=None, help="the def to export when the file has several")
+    p.add_argument("--sizes", default="", help="for a def: size values, e.g. M=64,N=64,K=64")
+    p.add_argument("--options", default=None, help="an Options spec, e.g. tile_sizes=32x32x64,parallel=0")
+    p.add_argument("--threads", type=_positive, default=None, help="threads of the parallel loops (default: "
+                                                                   "this machine's usable cores)")
     args = parser.parse_args(argv)
     try:
-        return {"show": cmd_show, "run": cmd_run, "compile": cmd_compile}[args.command](args) or 0
+        return {"show": cmd_show, "run": cmd_run, "compile": cmd_compile, "export": cmd_export}[args.command](args) \
+            or 0
     except PolycError as exc:
         print(f"polyc: error: {exc}", file=sys.stderr)
         return 1

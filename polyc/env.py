@@ -16,6 +16,7 @@ before compiling and make it part of the cache key.
 ``POLYC_TIME_STAGES``   1: print the milliseconds of every pipeline stage
 ``POLYC_VERIFY``        1/0: run the between-stage verifier (default: on under pytest, off otherwise)
 ``POLYC_EXECUTOR``      ``python``: run an ONNX model node by node from Python instead of its native program
+``CC``                  the C compiler ``polyc export`` links libraries with (default ``cc``)
 ======================  ==========================================================================================
 """
 from __future__ import annotations
@@ -81,3 +82,8 @@ def verify() -> bool:
 def python_executor() -> bool:
     """Whether ``POLYC_EXECUTOR=python`` asks ONNX models to run node by node from Python."""
     return os.environ.get("POLYC_EXECUTOR", "native") == "python"
+
+
+def c_compiler() -> str:
+    """``CC`` (the C compiler ``polyc export`` links with), else ``cc``."""
+    return os.environ.get("CC", "").strip() or "cc"

@@ -124,7 +124,8 @@ class KernelJob:
     """One kernel of a program to compile to an object on its own (:func:`compile_kernel_object`); plain data
     that crosses to a compile worker process: the def's ``source`` and ``name``, its ``sizes`` (sorted
     ``(size, extent)`` pairs), the ``constants`` it may read packed, the resolved ``options``, the ``target``,
-    the ``symbol`` its function gets and whether the verifier runs between stages."""
+    the ``symbol`` its function gets, whether the verifier runs between stages and whether the object goes
+    into a shared library (position-independent code)."""
 
     source: str
     name: str
@@ -134,6 +135,7 @@ class KernelJob:
     target: object
     symbol: str
     verify: bool
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,8 @@ def compile_kernel_object(job: KernelJob, kernel: Kernel | None = None) -> Kerne
                     verify=job.verify)
     module = new_module(job.target)
     emit(module, lowered, job.symbol, job.target, job.options)
-    object_code = compile_object(module, job.target, job.options.opt_level, job.options.unroll != 0)
+    object_code = compile_object(module, job.target, job.options.opt_level, job.options.unroll != 0,
+                                 shared=job.shared)
     shapes = input_shapes(kernel.checked, sizes)  # a packed input's Scop shape is its packed one
     packed = tuple((j, shapes[t.name], itemsize(t.dtype), t.packed)
                    for j, t in enumerate(lowered.scop.tensors) if t.packed)
@@ -183,38 +186,54 @@ def compile_processes(count: int) -> int:
 PARALLEL_MIN_KERNELS = 8
 
 
-def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_kernel,
-                  constant_slots: frozenset) -> NativeProgram:
-    """:func:`link_program` under the compile lock.
+@dataclass(frozen=True)
+class ProgramObjects:
+    """A program compiled to relocatable objects (:func:`program_objects`): ``objects[0]`` defines the entry
+    ``i32 @name(ptr buffers)``, the others one kernel each (``symbols[i]``: kernel ``i``'s function);
+    ``packed``: the slots added for constants read packed (:class:`PackedSlot`); ``compiled``: how many
+    kernels were compiled (the others came from the disk cache); ``from_cache``: the whole program did."""
+
+    name: str
+    objects: tuple
+    symbols: tuple
+    packed: tuple
+    compiled: int
+    from_cache: bool
+
+
+def program_objects(name: str, kernels, calls, n_slots: int, options: Options, on_kernel=None,
+                    constant_slots: frozenset = frozenset(), shared: bool = False) -> ProgramObjects:
+    """The objects of :func:`link_program` (its arguments), without loading them: for this process's JIT, or
+    (``shared``) position-independent ones for a shared library (:mod:`polyc.export`). Call under
+    :data:`~polyc.pipeline.COMPILE_LOCK`.
 
     Each kernel is compiled to an object of its own (:func:`compile_kernel_object`), looked up first in the
     disk cache under a key over its def, sizes, constants, options and target (so models sharing a kernel, or
     a model compiled again after a change, compile only what is new); the misses are compiled by worker
     processes at once (:func:`polyc.runtime.workers.run_jobs`, :func:`compile_processes` of them). The entry
-    point is a module of its own calling the kernels' symbols; MCJIT links the objects when it loads them."""
+    point is a module of its own calling the kernels' symbols."""
     target = host_target()
     options = resolve_options(options, target)
     described = [(k.source, k.name, sorted(sizes.items())) for k, sizes in kernels]
     layout = [(c.kernel, c.args) for c in calls]
     key = cache.make_key("program", name, described, layout, n_slots, sorted(constant_slots),
-                         options.to_spec(), target.key())
+                         options.to_spec(), target.key(), shared)
     jobs = []
     for index, (k, sizes) in enumerate(kernels):
         constants = _constant_inputs(k, index, calls, constant_slots)
         job_key = cache.make_key("kernel object", k.source, k.name, sorted(sizes.items()), sorted(constants),
-                                 options.to_spec(), target.key())
+                                 options.to_spec(), target.key(), shared)
         jobs.append((job_key, KernelJob(k.source, k.name, tuple(sorted(sizes.items())), constants, options, target,
-                                        f"polyc.{k.name}.{job_key[:16]}", env.verify())))
+                                        f"polyc.{k.name}.{job_key[:16]}", env.verify(), shared)))
     symbols = tuple(job.symbol for _, job in jobs)
 
-    def decode(entry) -> NativeProgram:
+    def decode(entry) -> ProgramObjects:
         blob, objects = entry["objects"], []
         for size in entry["sizes"]:
             objects.append(blob[:size])
             blob = blob[size:]
-        jit = load_objects(objects, target, (name, *symbols))
         packed = tuple(PackedSlot(s, tuple(shape), size, block) for s, shape, size, block in entry["packed"])
-        return NativeProgram(name, jit, symbols, n_slots, True, packed)
+        return ProgramObjects(name, tuple(objects), symbols, packed, 0, True)
 
     found = cache.fetch(key, decode, f"program {name}")
     if found is not None:
@@ -260,14 +279,24 @@ def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_
         entry_calls.append((symbols[c.kernel], args))
     module = new_module(target)
     emit_entry(module, name, entry_calls, external=True)
-    objects = [compile_object(module, target, options.opt_level, options.unroll != 0, frozenset(symbols))]
+    objects = [compile_object(module, target, options.opt_level, options.unroll != 0, frozenset(symbols), shared)]
     objects += [results[k].object_code for k in dict.fromkeys(k for k, _ in jobs)]
-    jit = debug.StageLogger()("link", load_objects, objects, target, (name, *symbols), show=lambda _: None)
     packed = tuple(packed_slots)
     if not fallback:  # see polyc.poly.schedule.cut_off
         cache.store(key, {"objects": b"".join(objects), "sizes": [len(o) for o in objects],
                           "packed": [(p.source, list(p.shape), p.itemsize, p.block) for p in packed]})
     debug.log(f"program {name}: {len(kernels)} kernels ({len(todo)} compiled, in {processes} "
-              f"process{'es' if processes > 1 else ''}) linked in {(time.perf_counter() - started):.2f} s"
+              f"process{'es' if processes > 1 else ''}) in {(time.perf_counter() - started):.2f} s"
               + (f", {len(packed)} constants packed once" if packed else ""))
-    return NativeProgram(name, jit, symbols, n_slots, False, packed)
+    return ProgramObjects(name, tuple(objects), symbols, packed, len(todo), False)
+
+
+def _link_program(name: str, kernels, calls, n_slots: int, options: Options, on_kernel,
+                  constant_slots: frozenset) -> NativeProgram:
+    """:func:`link_program` under the compile lock: :func:`program_objects`, then MCJIT loads the objects
+    linked together."""
+    made = program_objects(name, kernels, calls, n_slots, options, on_kernel, constant_slots)
+    load = (host_target(), (name, *made.symbols))
+    jit = load_objects(made.objects, *load) if made.from_cache else \
+        debug.StageLogger()("link", load_objects, made.objects, *load, show=lambda _: None)
+    return NativeProgram(name, jit, made.symbols, n_slots, made.from_cache, made.packed)

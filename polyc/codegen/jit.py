@@ -72,7 +72,12 @@ def _ensure_pool(target: Target) -> None:
         _POOL.append(pool)
 
 
-def _target_machine(target: Target, opt_level: int):
+def _target_machine(target: Target, opt_level: int, shared: bool = False):
+    """LLVM's target machine for ``target``: for this process's JIT, or (``shared``) for position-independent
+    code with the small code model, which a shared library can hold."""
+    if shared:
+        return llvm.Target.from_triple(target.triple).create_target_machine(
+            cpu=target.cpu, features=target.features, opt=opt_level, reloc="pic", codemodel="default")
     return llvm.Target.from_triple(target.triple).create_target_machine(
         cpu=target.cpu, features=target.features, opt=opt_level, reloc="default", codemodel="jitdefault",
         jit=True)
@@ -154,18 +159,27 @@ def compile_module(module_or_ir_text, target: Target, opt_level: int = 3, unroll
 
 
 def compile_object(module_or_ir_text, target: Target, opt_level: int = 3, unroll: bool = True,
-                   linked: frozenset = frozenset()) -> bytes:
+                   linked: frozenset = frozenset(), shared: bool = False) -> bytes:
     """:func:`compile_module` up to the relocatable object, without loading it: the object code (bytes) for
     :func:`load_objects`, here or in another process of the same machine (a compile worker). ``linked``: the
-    functions the module declares that other objects loaded with it define. Thread-safe (serialized); raises
-    like :func:`compile_module`."""
+    functions the module declares that other objects loaded with it define. ``shared``: position-independent
+    code for a shared library (:mod:`polyc.export`) instead of this process's JIT. Thread-safe (serialized);
+    raises like :func:`compile_module`."""
     if not 0 <= opt_level <= 3:
         raise CompileError(f"jit: opt_level must be 0..3, got {opt_level}")
     text = str(module_or_ir_text) if isinstance(module_or_ir_text, ir.Module) else module_or_ir_text
     with _LOCK:
         _init_llvm()
         _ensure_pool(target)
-        return _emit_object(text, target, opt_level, unroll, linked)[0]
+        return _emit_object(text, target, opt_level, unroll, linked, shared)[0]
+
+
+def pool_object(target: Target) -> bytes:
+    """The thread pool (:func:`~polyc.codegen.pool.pool_module`, defining ``polyc_parallel_run``) as
+    position-independent object code for a shared library."""
+    with _LOCK:
+        _init_llvm()
+        return _emit_object(str(pool_module(target.triple)), target, 2, True, shared=True)[0]
 
 
 def _compile(text: str, target: Target, opt_level: int, unroll: bool = True) -> JitModule:
@@ -174,11 +188,11 @@ def _compile(text: str, target: Target, opt_level: int, unroll: bool = True) -> 
     return _load([object_code], target, kernels, ir_text, opt_level)
 
 
-def _emit_object(text: str, target: Target, opt_level: int, unroll: bool,
-                 linked: frozenset = frozenset()) -> tuple[bytes, tuple[str, ...], str]:
+def _emit_object(text: str, target: Target, opt_level: int, unroll: bool, linked: frozenset = frozenset(),
+                 shared: bool = False) -> tuple[bytes, tuple[str, ...], str]:
     """Optimize ``text`` and emit its object: ``(object code, the functions it defines, optimized IR text)``.
     Call under ``_LOCK``."""
-    mod, tm, kernels = _optimize(text, target, opt_level, unroll)
+    mod, tm, kernels = _optimize(text, target, opt_level, unroll, shared)
     what = ", ".join(kernels) or "an empty module"
     _check_externals(mod, what, linked)
     ir_text = str(mod)
@@ -192,7 +206,7 @@ def _emit_object(text: str, target: Target, opt_level: int, unroll: bool,
     return object_code, kernels, ir_text
 
 
-def _optimize(text: str, target: Target, opt_level: int, unroll: bool):
+def _optimize(text: str, target: Target, opt_level: int, unroll: bool, shared: bool = False):
     """Parse, verify and optimize ``text``: ``(module, target machine, names of the functions it defines)``.
     Call under ``_LOCK``."""
     try:
@@ -206,7 +220,7 @@ def _optimize(text: str, target: Target, opt_level: int, unroll: bool):
     except RuntimeError as e:
         raise CompileError(f"jit: invalid LLVM IR in {what}: {e}") from None
     try:
-        tm = _target_machine(target, opt_level)
+        tm = _target_machine(target, opt_level, shared)
     except RuntimeError as e:
         raise CompileError(f"jit: cannot make a target machine for {target.triple} ({target.cpu}) "
                            f"to compile {what}: {e}") from None

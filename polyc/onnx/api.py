@@ -245,9 +245,31 @@ def compile(model_or_path: ModelLike, options=None, input_shapes: Mapping[str, S
     giving the bytes needed when a tensor cannot fit in this machine's memory, and CompileError for a
     failure of polyc itself: never another exception.
     """
+    return _guarded(_compile, model_or_path, options, input_shapes, progress)
+
+
+def compile_program(model_or_path: ModelLike, options=None,
+                    input_shapes: Mapping[str, Sequence[int]] | None = None) -> Program:
+    """:func:`compile` up to the :class:`~polyc.onnx.steps.Program` (the kernels bound to their shapes, the
+    memory plan, the constants), without making native code: for :mod:`polyc.onnx.export`. Raises like
+    :func:`compile`, and UnsupportedError for a model with string tensors (run by a host stage)."""
+    return _guarded(_program_only, model_or_path, options, input_shapes, False)
+
+
+def _program_only(model_or_path, options, input_shapes, progress, stage: list) -> Program:
+    front = _front(model_or_path, options, input_shapes, progress, stage)
+    if front["strings"] is not None:
+        raise UnsupportedError("the model computes on string tensors, which run in Python (a host stage): it "
+                               "cannot be exported to a C library")
+    return front["program"]
+
+
+def _guarded(stages, model_or_path, options, input_shapes, progress):
+    """``stages(model_or_path, options, input_shapes, progress, stage)`` with every failure a PolycError
+    naming the stage it happened in."""
     stage = ["reading the model"]
     try:
-        return _compile(model_or_path, options, input_shapes, progress, stage)
+        return stages(model_or_path, options, input_shapes, progress, stage)
     except PolycError:
         raise
     except MemoryError as e:
@@ -268,6 +290,26 @@ def _options(options):
 
 def _compile(model_or_path, options, input_shapes, progress, stage: list) -> CompiledModel:
     """:func:`compile`'s stages; ``stage[0]`` names the current one (for errors)."""
+    front = _front(model_or_path, options, input_shapes, progress, stage)
+    seconds, timings, program = front["seconds"], front["timings"], front["program"]
+    t = time.perf_counter()
+    executor = make_executor(program, progress=front["progress"])
+    seconds["executor"] = time.perf_counter() - t
+    for source, spent in executor.compile_seconds.items():
+        timings[source] = timings.get(source, 0.0) + spent
+    compiled = CompiledModel(front["graph"], front["groups"], front["kernels"], program.plan, program.steps,
+                             timings, executor, seconds, front["strings"], front["interface"])
+    proto, defaults = front["proto"], front["defaults"]
+    compiled.defaults = defaults
+    compiled._source = proto if defaults else None  # kept only to compile a variant with fed initializers
+    compiled._constant_like = needs_constant(proto) if defaults else set()
+    compiled._options, compiled._input_shapes = front["options"], input_shapes
+    compiled._variants, compiled._variants_lock = {}, threading.Lock()
+    return compiled
+
+
+def _front(model_or_path, options, input_shapes, progress, stage: list) -> dict:
+    """The stages of :func:`compile` before native code: a dict of the Program and what led to it."""
     options = _options(options)
     seconds = {}
     t = time.perf_counter()
@@ -313,18 +355,9 @@ def _compile(model_or_path, options, input_shapes, progress, stage: list) -> Com
     for infos in scratch.values():
         tensors.update(infos)
     program = Program(steps, plan, constants, tensors, tuple(graph.graph["inputs"]), tuple(graph.graph["outputs"]))
-    t = time.perf_counter()
-    executor = make_executor(program, progress=progress)
-    seconds["executor"] = time.perf_counter() - t
-    for source, spent in executor.compile_seconds.items():
-        timings[source] = timings.get(source, 0.0) + spent
-    compiled = CompiledModel(graph, groups, kernels, plan, steps, timings, executor, seconds, strings, interface)
-    compiled.defaults = defaults
-    compiled._source = proto if defaults else None  # kept only to compile a variant with fed initializers
-    compiled._constant_like = needs_constant(proto) if defaults else set()
-    compiled._options, compiled._input_shapes = options, input_shapes
-    compiled._variants, compiled._variants_lock = {}, threading.Lock()
-    return compiled
+    return dict(program=program, graph=graph, groups=groups, kernels=kernels, timings=timings, seconds=seconds,
+                strings=strings, interface=interface, proto=proto, defaults=defaults, options=options,
+                progress=progress)
 
 
 def needs_constant(model) -> set:

@@ -26,6 +26,64 @@ from ..program import KernelCall, link_program
 from .steps import ArenaPool, Program, new_arena, scratch_name
 
 
+class Layout:
+    """Where a :class:`Program`'s tensors live for its native program: buffer slot 0 the arena, then the
+    graph's inputs (``input_slots``), then its constants (``constant_names`` in slot order,
+    ``constant_slots``); ``kernels`` (``[(Kernel, sizes)]``, each distinct one once), ``calls``
+    (:class:`~polyc.program.KernelCall`, in step order) and ``users`` (per kernel, the steps that call it)
+    for :func:`~polyc.program.link_program`."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.input_slots = {n: 1 + i for i, n in enumerate(program.inputs)}
+        self.constant_names = sorted(program.constants)
+        self.constant_slots = {n: 1 + len(program.inputs) + i for i, n in enumerate(self.constant_names)}
+        self.n_slots = 1 + len(program.inputs) + len(self.constant_names)
+        self.kernels, self.calls, self.users = [], [], []
+        index = {}
+        for step in program.steps:
+            key = (id(step.kernel), step.sizes)
+            if key not in index:
+                index[key] = len(self.kernels)
+                self.kernels.append((step.kernel, dict(step.sizes)))
+                self.users.append([])
+            self.users[index[key]].append(step)
+            names = list(step.inputs) + list(step.outputs) + \
+                [scratch_name(step.group, k) for k in range(len(step.temps))]
+            self.calls.append(KernelCall(index[key], tuple(self.where(n) for n in names)))
+
+    def where(self, tensor: str) -> tuple[int, int]:
+        """``(slot, byte offset)`` of a tensor's storage."""
+        root = self.program.plan.root(tensor)
+        if root in self.program.plan.offsets:
+            return 0, int(self.program.plan.offsets[root])
+        if root in self.input_slots:
+            return self.input_slots[root], 0
+        if root in self.constant_slots:
+            return self.constant_slots[root], 0
+        raise PolycError(f"internal error: tensor {tensor!r} has no storage (root {root!r})")
+
+    def output_places(self) -> list:
+        """Per output of the graph: ``(slot, byte offset, dtype, shape, bytes, root tensor)``."""
+        places = []
+        for name in self.program.outputs:
+            info = self.program.tensors[name]
+            slot, offset = self.where(name)
+            dtype = np.dtype(info.dtype)
+            count = int(np.prod(info.shape, dtype=np.int64))
+            places.append((slot, offset, dtype, tuple(info.shape), count * dtype.itemsize,
+                           self.program.plan.root(name)))
+        return places
+
+    def failed_kernel(self, exc: PolycError, done: int) -> CompileError:
+        """The CompileError for ``exc`` raised while compiling kernel ``done`` (the kernels before it were
+        compiled), naming the kernel and its group(s)."""
+        failed = self.users[done]
+        groups = failed[0].group + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "")
+        return CompileError(f"compiling kernel {failed[0].name} of group {groups} failed: {exc.message}",
+                            hint=f"the kernel's source:\n{failed[0].kernel.source}")
+
+
 class NativeExecutor:
     """Runs a :class:`Program` as one native call (see the module docstring).
 
@@ -43,21 +101,9 @@ class NativeExecutor:
         plan = program.plan
         self.arenas = ArenaPool(lambda: new_arena(plan))
         self.constants = {k: np.ascontiguousarray(v) for k, v in program.constants.items()}
-        self.input_slots = {n: 1 + i for i, n in enumerate(program.inputs)}
-        self.constant_names = sorted(self.constants)
-        self.constant_slots = {n: 1 + len(program.inputs) + i for i, n in enumerate(self.constant_names)}
-        self.n_slots = 1 + len(program.inputs) + len(self.constant_names)
-        kernels, index, calls, users = [], {}, [], []
-        for step in program.steps:
-            key = (id(step.kernel), step.sizes)
-            if key not in index:
-                index[key] = len(kernels)
-                kernels.append((step.kernel, dict(step.sizes)))
-                users.append([])
-            users[index[key]].append(step)
-            names = list(step.inputs) + list(step.outputs) + \
-                [scratch_name(step.group, k) for k in range(len(step.temps))]
-            calls.append(KernelCall(index[key], tuple(self._where(n) for n in names)))
+        layout = self.layout = Layout(program)
+        self.constant_names, self.n_slots = layout.constant_names, layout.n_slots
+        kernels, calls = layout.kernels, layout.calls
         options = program.steps[0].kernel.options if program.steps else None
         self.compile_seconds = {}
         done, bar = [], []
@@ -74,32 +120,18 @@ class NativeExecutor:
         t = time.perf_counter()
         try:
             self.native = link_program(name, kernels, calls, self.n_slots, options, on_kernel=on_kernel,
-                                       constant_slots=frozenset(self.constant_slots.values()))
+                                       constant_slots=frozenset(layout.constant_slots.values()))
         except PolycError as exc:
             if len(done) == len(kernels):
                 raise
-            failed = users[len(done)]
-            groups = failed[0].group + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "")
-            raise CompileError(f"compiling kernel {failed[0].name} of group {groups} failed: {exc.message}",
-                               hint=f"the kernel's source:\n{failed[0].kernel.source}") from exc
+            raise layout.failed_kernel(exc, len(done)) from exc
         finally:
             if bar:
                 bar[0].close()
         self.link_seconds = time.perf_counter() - t
         self.kernel_count = len(kernels)
-        by_slot = {slot: self.constants[n] for n, slot in self.constant_slots.items()}
+        by_slot = {slot: self.constants[n] for n, slot in layout.constant_slots.items()}
         self.packed = [p.pack(by_slot[p.source]) for p in self.native.packed]  # once, for every run
-
-    def _where(self, tensor: str) -> tuple[int, int]:
-        """``(slot, byte offset)`` of a tensor's storage."""
-        root = self.program.plan.root(tensor)
-        if root in self.program.plan.offsets:
-            return 0, int(self.program.plan.offsets[root])
-        if root in self.input_slots:
-            return self.input_slots[root], 0
-        if root in self.constant_slots:
-            return self.constant_slots[root], 0
-        raise PolycError(f"internal error: tensor {tensor!r} has no storage (root {root!r})")
 
     def run(self, feeds: dict, profile: dict | None = None) -> list:
         """Run the model on checked, C-contiguous ``feeds``; returns copies of the outputs.
@@ -127,16 +159,8 @@ class NativeExecutor:
 
     @functools.cached_property
     def _output_places(self) -> list:
-        """Per output: ``(slot, byte offset, dtype, shape, bytes, root tensor)``, worked out once."""
-        places = []
-        for name in self.program.outputs:
-            info = self.program.tensors[name]
-            slot, offset = self._where(name)
-            dtype = np.dtype(info.dtype)
-            count = int(np.prod(info.shape, dtype=np.int64))
-            places.append((slot, offset, dtype, tuple(info.shape), count * dtype.itemsize,
-                           self.program.plan.root(name)))
-        return places
+        """:meth:`Layout.output_places`, worked out once."""
+        return self.layout.output_places()
 
     def _output(self, k: int, feeds: dict, arena: np.ndarray) -> np.ndarray:
         """A copy of output ``k`` (from the arena, or the feed or constant it aliases)."""

@@ -130,7 +130,7 @@ def serve() -> None:
             reply = (False, exc)
         try:
             data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 - an exception that cannot cross: its text does
+        except Exception:  # noqa: BLE001 - an exception that cannot cross: its text does
             data = pickle.dumps((False, CompileError(f"{type(reply[1]).__name__}: {reply[1]}")))
         replies.write(data)
         replies.flush()

@@ -82,8 +82,8 @@ def test_native_compile_lowers_each_kernel_once_and_jits_per_kernel_only_for_the
     distinct = len({s.kernel.source for s in compiled.steps})
     # the two convolutions share one def, and so do the two Pad kernels in front of them (explicit padding)
     assert (len(compiled.steps), distinct) == (5, 3)
-    assert cold["ast"] == distinct  # each distinct kernel lowered once, straight into the model's module
-    assert cold["jit"] == 0 and cold["link"] == 1  # no kernel JIT-compiled on its own; one LLVM compile
+    assert cold["ast"] == distinct  # each distinct kernel lowered once, to an object of its own
+    assert cold["jit"] == 0 and cold["link"] == 1  # no kernel JIT-compiled on its own; one link of the objects
 
     x = np.random.default_rng(1).standard_normal((1, 4, 6, 6)).astype(np.float32)
     got = compiled.run({"x": x})
