@@ -6,6 +6,9 @@
     polyc compile MODEL.onnx [--show-groups]
     polyc export MODEL.onnx -o DIR [--name NAME] [--threads N]
     polyc export FILE.tc --def NAME --sizes M=64,N=64,K=64 -o DIR [--name NAME] [--options SPEC]
+    polyc tune FILE.tc --def NAME --sizes M=64,N=64,K=64 [--budget S] [--trials N] [--strategy S] [--ray ADDR]
+    polyc tune MODEL.onnx [--budget S] ...       (every distinct kernel, S seconds each)
+    polyc tune --show                             (the records, per kernel the default and the best)
 
 Errors of the compiler and of the command line are printed as their message (no traceback) with exit status
 1; so is a bundled model whose output does not match the expected output shipped with it.
@@ -271,6 +274,33 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from . import tune
+    if args.show:
+        print(tune.show())
+        return 0
+    if not args.file:
+        raise PolycError("polyc tune needs a .tc file or an .onnx model (or --show)")
+    if args.file.endswith(".onnx"):
+        from .onnx.api import compile_program
+        program = compile_program(args.file, Options(threads=args.threads) if args.threads else None)
+        work = {}
+        for step in program.steps:
+            work.setdefault((step.kernel.source, step.kernel.name, step.sizes), step)
+        kernels = [(source, name, dict(sizes)) for source, name, sizes in work]
+        print(f"polyc: tuning {len(kernels)} distinct kernels of {args.file}, {args.budget:g} s each",
+              file=sys.stderr)
+    else:
+        kernels = [(read_source(args.file), args.def_name, parse_sizes(args.sizes))]
+    for source, name, sizes in kernels:
+        result = tune.tune(source, sizes, name, budget=args.budget, trials=args.trials, strategy=args.strategy,
+                           ray=args.ray, threads=args.threads)
+        print(f"{result.name} {','.join(f'{k}={v}' for k, v in result.sizes.items())}: default "
+              f"{result.default_seconds * 1e3:.3f} ms, best {result.best_seconds * 1e3:.3f} ms "
+              f"({result.gain:.2f}x) [{result.best_spec or 'default'}] after {len(result.records)} measurements")
+    return 0
+
+
 def _positive(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -326,10 +356,21 @@ def main(argv=None) -> int:
     p.add_argument("--options", default=None, help="an Options spec, e.g. tile_sizes=32x32x64,parallel=0")
     p.add_argument("--threads", type=_positive, default=None, help="threads of the parallel loops (default: "
                                                                    "this machine's usable cores)")
+    what = "search the options of a def of a .tc file, or of every kernel of an ONNX model, and record the best"
+    p = sub.add_parser("tune", help=what, description=what)
+    p.add_argument("file", nargs="?", default=None, help="a .tc file or an .onnx model")
+    p.add_argument("--def", dest="def_name", default=None, help="the def to tune when the file has several")
+    p.add_argument("--sizes", default="", help="for a def: size values, e.g. M=64,N=64,K=64")
+    p.add_argument("--budget", type=float, default=60.0, help="seconds of search per kernel (default 60)")
+    p.add_argument("--trials", type=_positive, default=None, help="at most this many candidates per kernel")
+    p.add_argument("--strategy", default="evolution", choices=["evolution", "random"], help="the search")
+    p.add_argument("--ray", default=None, help="measure on Ray: 'auto', 'local' or a cluster address")
+    p.add_argument("--threads", type=_positive, default=None, help="threads the kernels run with")
+    p.add_argument("--show", action="store_true", help="print the records (per kernel, default and best)")
     args = parser.parse_args(argv)
+    commands = {"show": cmd_show, "run": cmd_run, "compile": cmd_compile, "export": cmd_export, "tune": cmd_tune}
     try:
-        return {"show": cmd_show, "run": cmd_run, "compile": cmd_compile, "export": cmd_export}[args.command](args) \
-            or 0
+        return commands[args.command](args) or 0
     except PolycError as exc:
         print(f"polyc: error: {exc}", file=sys.stderr)
         return 1

@@ -4,20 +4,22 @@ Each function reads the environment when called (tests and users may change it i
 never cached here; callers that bake a value into compiled code (the thread count, the CPU) resolve it once
 before compiling and make it part of the cache key.
 
-======================  ==========================================================================================
-``POLYC_CPU``           LLVM CPU name to generate code for instead of the host's (``znver3``/``x86-64-v3``: AVX2;
-                        ``znver5``/``x86-64-v4``: AVX-512); see :func:`polyc.target.host_target`
-``POLYC_NUM_THREADS``   threads of parallel loops when ``Options.threads`` is None (default: the usable cores)
-``POLYC_COMPILE_JOBS``  processes that compile a model's kernels at once (default: the usable cores; ``1``:
-                        in this process, one after the other); see :mod:`polyc.runtime.workers`
-``POLYC_CACHE_DIR``     the disk cache's directory (default ``$XDG_CACHE_HOME/polyc`` or ``~/.cache/polyc``);
-                        ``off`` disables it
-``POLYC_DEBUG``         0-5: what the compiler prints to stderr while it compiles (:mod:`polyc.debug`)
-``POLYC_TIME_STAGES``   1: print the milliseconds of every pipeline stage
-``POLYC_VERIFY``        1/0: run the between-stage verifier (default: on under pytest, off otherwise)
-``POLYC_EXECUTOR``      ``python``: run an ONNX model node by node from Python instead of its native program
-``CC``                  the C compiler ``polyc export`` links libraries with (default ``cc``)
-======================  ==========================================================================================
+==========================  ========================================================================================
+``POLYC_CPU``               LLVM CPU name to generate code for instead of the host's (``znver3``/``x86-64-v3``: AVX2;
+                            ``znver5``/``x86-64-v4``: AVX-512); see :func:`polyc.target.host_target`
+``POLYC_NUM_THREADS``       threads of parallel loops when ``Options.threads`` is None (default: the usable cores)
+``POLYC_COMPILE_JOBS``      processes that compile a model's kernels at once (default: the usable cores; ``1``: in
+                            this process, one after the other); see :mod:`polyc.runtime.workers`
+``POLYC_TUNING_RECORDS``    the tuning records file (default ``tuning.jsonl`` in the cache directory); ``off``: no
+                            records are written or applied (:mod:`polyc.runtime.records`)
+``POLYC_CACHE_DIR``         the disk cache's directory (default ``$XDG_CACHE_HOME/polyc`` or ``~/.cache/polyc``);
+                            ``off`` disables it
+``POLYC_DEBUG``             0-5: what the compiler prints to stderr while it compiles (:mod:`polyc.debug`)
+``POLYC_TIME_STAGES``       1: print the milliseconds of every pipeline stage
+``POLYC_VERIFY``            1/0: run the between-stage verifier (default: on under pytest, off otherwise)
+``POLYC_EXECUTOR``          ``python``: run an ONNX model node by node from Python instead of its native program
+``CC``                      the C compiler ``polyc export`` links libraries with (default ``cc``)
+==========================  ========================================================================================
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ import os
 import sys
 
 #: Every variable this module reads, for documentation and tests.
-VARIABLES = ("POLYC_CPU", "POLYC_NUM_THREADS", "POLYC_COMPILE_JOBS", "POLYC_CACHE_DIR", "POLYC_DEBUG",
-             "POLYC_TIME_STAGES", "POLYC_VERIFY", "POLYC_EXECUTOR")
+VARIABLES = ("POLYC_CPU", "POLYC_NUM_THREADS", "POLYC_COMPILE_JOBS", "POLYC_TUNING_RECORDS", "POLYC_CACHE_DIR",
+             "POLYC_DEBUG", "POLYC_TIME_STAGES", "POLYC_VERIFY", "POLYC_EXECUTOR")
 
 
 def cpu() -> str:
@@ -44,6 +46,11 @@ def compile_jobs() -> int | None:
     """``POLYC_COMPILE_JOBS`` as a positive int, else None (unset, empty or not a positive number)."""
     value = os.environ.get("POLYC_COMPILE_JOBS", "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def tuning_records() -> str | None:
+    """``POLYC_TUNING_RECORDS`` as given (``off``: records off), else None (the default file)."""
+    return os.environ.get("POLYC_TUNING_RECORDS", "").strip() or None
 
 
 def cache_dir() -> str | None:

@@ -42,7 +42,7 @@ from .pipeline import COMPILE_LOCK, Stages, compile_kernel, resolve_options, sym
 from .poly import schedule as schedule_module
 from .poly.build import build_scop, checked_reads, input_shapes
 from .poly.promote import packed_array
-from .runtime import cache
+from .runtime import cache, records
 from .target import host_target
 
 
@@ -221,9 +221,12 @@ class Kernel:
     """
 
     def __init__(self, source: str, name: str | None = None, options: Options | None = None,
-                 filename: str = "<source>"):
+                 filename: str = "<source>", records: bool = True):
+        """``records``: compile with the best tuning record's options where there is one and the options are
+        the defaults (:func:`tuned_options`); the tuner itself passes False."""
         self.source = source
         self.options = resolve_options(options or Options())  # POLYC_NUM_THREADS; the cores at compile time
+        self.records = records
         self.target = host_target()
         try:
             program = parse(source, filename)
@@ -339,6 +342,8 @@ class Kernel:
     def _compile(self, sizes: dict, options: Options, constants: frozenset) -> Compiled:
         """:meth:`specialize_sizes` after a miss in memory: the disk cache or the pipeline."""
         options = resolve_options(options, self.target)
+        if self.records:
+            options = tuned_options(self.source, self.name, sizes, self.target, options)
         disk_key = cache.make_key(self.source, self.name, sorted(sizes.items()), options.to_spec(),
                                   sorted(constants), self.target.key())
         t = time.perf_counter()
@@ -429,6 +434,25 @@ class Kernel:
         arrays = self._coerce_inputs(args)
         compiled = self.specialize_sizes(self.bind_sizes([a.shape for a in arrays]), options or self.options)
         return compiled(*arrays, out=out)
+
+
+def tuned_options(source: str, name: str, sizes: dict, target, options: Options) -> Options:
+    """``options``, or, when they are the defaults (any thread count), the options of the best tuning record
+    of the def ``name`` of ``source`` at ``sizes`` for ``target`` and that thread count
+    (:func:`polyc.runtime.records.best`: only a record that beat the default, made by this polyc version on
+    this target). ``POLYC_TUNING_RECORDS=off`` turns records off."""
+    if options.replace(threads=None) != Options():
+        return options
+    found = records.best(records.record_key(source, name, sizes, target, options.threads))
+    if found is None:
+        return options
+    try:
+        tuned = Options.from_spec(found["options"]).replace(threads=options.threads)
+    except (PolycError, KeyError, TypeError) as exc:
+        debug.log(f"tuning records: record {found.get('key', '?')[:12]} has unusable options ({exc}); ignored")
+        return options
+    debug.log(f"{name} {sizes}: tuned options '{found['options']}' ({found['median'] * 1e3:.3f} ms when measured)")
+    return tuned
 
 
 def _scalar_array(value, t) -> np.ndarray:

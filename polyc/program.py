@@ -19,7 +19,7 @@ import numpy as np
 from . import debug, env
 from .codegen import compile_object, emit_entry, load_objects, new_module
 from .errors import ShapeError
-from .kernel import Kernel, status_error
+from .kernel import Kernel, status_error, tuned_options
 from .lang.ast import itemsize
 from .options import Options
 from .pipeline import COMPILE_LOCK, emit, lower, resolve_options
@@ -214,16 +214,18 @@ def program_objects(name: str, kernels, calls, n_slots: int, options: Options, o
     point is a module of its own calling the kernels' symbols."""
     target = host_target()
     options = resolve_options(options, target)
-    described = [(k.source, k.name, sorted(sizes.items())) for k, sizes in kernels]
+    chosen = [tuned_options(k.source, k.name, sizes, target, options) if k.records else options
+              for k, sizes in kernels]  # a kernel's tuning record, where it has one
+    described = [(k.source, k.name, sorted(sizes.items()), o.to_spec()) for (k, sizes), o in zip(kernels, chosen)]
     layout = [(c.kernel, c.args) for c in calls]
     key = cache.make_key("program", name, described, layout, n_slots, sorted(constant_slots),
                          options.to_spec(), target.key(), shared)
     jobs = []
-    for index, (k, sizes) in enumerate(kernels):
+    for index, ((k, sizes), opts) in enumerate(zip(kernels, chosen)):
         constants = _constant_inputs(k, index, calls, constant_slots)
         job_key = cache.make_key("kernel object", k.source, k.name, sorted(sizes.items()), sorted(constants),
-                                 options.to_spec(), target.key(), shared)
-        jobs.append((job_key, KernelJob(k.source, k.name, tuple(sorted(sizes.items())), constants, options, target,
+                                 opts.to_spec(), target.key(), shared)
+        jobs.append((job_key, KernelJob(k.source, k.name, tuple(sorted(sizes.items())), constants, opts, target,
                                         f"polyc.{k.name}.{job_key[:16]}", env.verify(), shared)))
     symbols = tuple(job.symbol for _, job in jobs)
 

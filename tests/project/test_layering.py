@@ -42,8 +42,8 @@ ALLOWED = {
                 "target"},
     "export": {"kernel", "program", "pipeline", "codegen", "lang", "options", "errors", "debug", "env", "target"},
     "onnx": {"kernel", "program", "export", "options", "errors", "debug", "env", "target"},
-    "tune": {"kernel", "options", "errors", "debug", "env", "target"},
-    "cli": {"kernel", "pipeline", "program", "export", "options", "errors", "debug", "env", "target", "onnx",
+    "tune": {"kernel", "pipeline", "runtime", "options", "errors", "debug", "env", "target"},
+    "cli": {"kernel", "pipeline", "program", "export", "tune", "options", "errors", "debug", "env", "target", "onnx",
             "__init__"},
     "__init__": {"kernel", "options", "errors", "onnx"},
 }

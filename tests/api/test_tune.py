@@ -1,0 +1,159 @@
+"""Autotuning (polyc/tune): candidates checked against the default, records that replay, the Ray path."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import polyc
+import polyc.tune as tune
+from polyc.cli import main
+from polyc.kernel import Kernel, tuned_options
+from polyc.options import Options
+from polyc.runtime import records
+from polyc.target import host_target
+from polyc.tune.measure import MeasureJob, outputs, time_candidate
+from polyc.tune.search import Evolution, RandomSearch, space, spec_of
+
+MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+SIZES = {"M": 48, "K": 37, "N": 64}
+
+
+@pytest.fixture
+def record_file(tmp_path, monkeypatch):
+    path = tmp_path / "records.jsonl"
+    monkeypatch.setenv("POLYC_TUNING_RECORDS", str(path))
+    return path
+
+
+def test_the_search_starts_from_the_default_and_never_repeats_a_candidate():
+    choices = space(Kernel(MATMUL), host_target())
+    for search in (RandomSearch(choices, seed=1), Evolution(choices, seed=1)):
+        first = search.propose(4, [])
+        assert first[0] == {} and len({spec_of(f) for f in first}) == 4
+        measured = [(f, 1e-3 * (i + 1)) for i, f in enumerate(first)]
+        more = search.propose(6, measured)
+        specs = [spec_of(f) for f in first + more]
+        assert len(specs) == len(set(specs)) == 10
+        for fields in more:  # every candidate is valid Options and round-trips as a spec
+            assert Options.from_spec(spec_of(fields)) == Options(**fields)
+
+
+def test_a_candidate_that_changes_the_result_is_not_ok():
+    job = MeasureJob(MATMUL, "mm", tuple(sorted(SIZES.items())), 1, "")
+    reference = outputs(job)
+    assert time_candidate(job, reference)["ok"]
+    wrong = [reference[0] + 1e-2 * np.abs(reference[0]).max()]
+    outcome = time_candidate(MeasureJob(MATMUL, "mm", job.sizes, 1, "unroll=0"), wrong)
+    assert not outcome["ok"] and "differs" in outcome["error"] and outcome["median"] is None
+
+
+def test_tuning_writes_records_that_replay_and_are_applied(record_file):
+    """Every candidate is a record; the confirmed best (when it beats the default) is what define() then
+    compiles with, in a new process too; its options replay by hand; records are keyed by target and threads."""
+    result = tune.tune(MATMUL, SIZES, budget=60, trials=8, threads=1)
+    lines = [json.loads(line) for line in record_file.read_text().splitlines()]
+    assert len(lines) == len(result.records) and lines[0]["default"] and lines[0]["options"] == ""
+    assert {r["key"] for r in lines} == {records.record_key(MATMUL, "mm", SIZES, host_target(), 1)}
+    assert all(r["version"] == records.polyc_version() and r["target"] == host_target().key() for r in lines)
+    assert len([r for r in lines if r.get("final")]) in (0, 2)  # the confirmation: default and best
+    for r in lines:
+        if r["ok"]:
+            Options.from_spec(r["options"])  # every record replays
+    assert result.best_seconds <= result.default_seconds
+    kernel = Kernel(MATMUL, options=Options(threads=1))
+    chosen = tuned_options(MATMUL, "mm", SIZES, kernel.target, kernel.options)
+    expected = Options.from_spec(result.best_spec).replace(threads=1) if result.best_spec else kernel.options
+    assert chosen == expected
+    assert tuned_options(MATMUL, "mm", SIZES, kernel.target, kernel.options.replace(threads=2)).replace(threads=1) \
+        == kernel.options  # another thread count: another key, no record
+    assert tuned_options(MATMUL, "mm", SIZES, kernel.target, Options(threads=1, unroll=4)) == \
+        Options(threads=1, unroll=4)  # options the user chose are never replaced
+    code = ("import polyc.kernel as k, polyc; from polyc.options import Options; "
+            f"kern = k.Kernel({MATMUL!r}, options=Options(threads=1)); "
+            f"print(k.tuned_options({MATMUL!r}, 'mm', {SIZES!r}, kern.target, kern.options).to_spec())")
+    replayed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ,
+                              check=True).stdout.strip()
+    assert replayed == expected.to_spec()
+    a = np.random.default_rng(0).standard_normal((48, 37)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal((37, 64)).astype(np.float32)
+    np.testing.assert_allclose(polyc.define(MATMUL, options=Options(threads=1))(a, b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_winning_record_is_used_by_define_and_off_switches_it(record_file, monkeypatch):
+    """A confirmed record that beat the default changes what define() compiles; POLYC_TUNING_RECORDS=off
+    and a record of another polyc version do not."""
+    target = host_target()
+    key = records.record_key(MATMUL, "mm", SIZES, target, 1)
+    for spec, median in (("", 2e-3), ("unroll=0,promote=0", 1e-3)):
+        records.append(dict(key=key, name="mm", options=spec, default=spec == "", ok=True, final=True,
+                            median=median, sizes=SIZES, threads=1))
+    kernel = polyc.define(MATMUL, options=Options(threads=1))
+    a = np.ones((48, 37), np.float32)
+    b = np.ones((37, 64), np.float32)
+    assert kernel(a, b)[0, 0] == 37
+    assert kernel.specialize_sizes(SIZES).options == Options(threads=1, unroll=0, promote=False)
+    monkeypatch.setenv("POLYC_TUNING_RECORDS", "off")
+    assert polyc.define(MATMUL, options=Options(threads=1)).specialize_sizes(SIZES).options == Options(threads=1)
+    monkeypatch.setenv("POLYC_TUNING_RECORDS", str(record_file))
+    monkeypatch.setattr(records, "polyc_version", lambda: "0.0.0-other")
+    assert polyc.define(MATMUL, options=Options(threads=1)).specialize_sizes(SIZES).options == Options(threads=1)
+
+
+def test_the_tune_command_and_show(record_file, tmp_path, capsys):
+    source = tmp_path / "mm.tc"
+    source.write_text(MATMUL)
+    assert main(["tune", str(source), "--sizes", "M=16,K=16,N=16", "--trials", "4", "--threads", "1"]) == 0
+    assert "mm M=16,K=16,N=16: default" in capsys.readouterr().out
+    assert main(["tune", "--show"]) == 0
+    table = capsys.readouterr().out
+    assert "| mm | K=16,M=16,N=16 |" in table  # sizes by name
+
+
+def test_the_ray_path_measures_on_a_local_cluster(record_file):
+    import ray  # the test extra installs it; polyc[tune] for users
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        result = tune.tune(MATMUL, {"M": 8, "K": 8, "N": 8}, trials=4, threads=1, ray="auto")
+    finally:
+        ray.shutdown()
+    assert len([r for r in result.records if not r.get("final")]) == 4
+    assert result.records[0]["default"] and result.records[0]["ok"]
+    assert all(r["ok"] or r["error"] for r in result.records)
+
+
+def test_a_model_compiles_each_kernel_with_its_record(record_file, monkeypatch, tmp_path):
+    """polyc.onnx.compile looks up every kernel's record: the kernel with a winning record is compiled with
+    its options, the others with the model's; the result still equals onnxruntime's."""
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    import polyc.onnx as ponnx
+    import polyc.program as program_module
+    from polyc.onnx.api import compile_program
+
+    w = np.random.default_rng(0).normal(0, 0.3, (8, 4, 3, 3)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"]),
+                               helper.make_node("Softmax", ["y"], ["z"], axis=-1)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 9, 9])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, 7, 7])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "cache"))  # cold: every kernel is compiled
+    steps = compile_program(model, Options(threads=1)).steps
+    assert len({s.kernel.source for s in steps}) == 2
+    tuned = steps[0].kernel
+    key = records.record_key(tuned.source, tuned.name, dict(steps[0].sizes), host_target(), 1)
+    for spec, median in (("", 2e-3), ("unroll=0", 1e-3)):
+        records.append(dict(key=key, options=spec, default=spec == "", ok=True, final=True, median=median))
+    used = {}
+    real = program_module.compile_kernel_object
+    monkeypatch.setattr(program_module, "compile_kernel_object",
+                        lambda job, kernel=None: used.setdefault(job.name, job.options) and real(job, kernel))
+    compiled = ponnx.compile(model, Options(threads=1))
+    assert used == {steps[0].kernel.name: Options(threads=1, unroll=0), steps[1].kernel.name: Options(threads=1)}
+    x = np.random.default_rng(1).standard_normal((1, 4, 9, 9)).astype(np.float32)
+    expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(compiled.run({"x": x})[0], expected, rtol=1e-4, atol=1e-5)
