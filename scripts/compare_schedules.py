@@ -16,7 +16,14 @@ The variants (``--variants`` picks a subset by name, ``--variant NAME=SPEC`` add
   sizes: add ``--variant packed=promote=1`` to force it; ``+ parallel`` is the full default strategy on
   ``--threads`` threads);
 - ``fusion=max`` / ``fusion=min``: the default strategy with isl's maximal / minimal fusion;
-- ``tile AxBxC``: the default strategy with forced cache tile sizes (``--tile-sizes``).
+- ``tile AxBxC``: the default strategy with forced cache tile sizes (``--tile-sizes``);
+- ``tuned (record)`` with ``--tuned``: the options of this kernel's best tuning record (``polyc tune``), if
+  it has one that beat the default; ``tuned (search)`` with ``--tune SECONDS``: a search of that many
+  seconds run first (its records written), its best; with ``--png`` the search's best-so-far over time goes
+  to ``<png stem>-search.png``.
+
+The ladder itself never uses tuning records (the kernel is made with ``records=False``): ``+ parallel`` is
+the derived default, whatever was tuned.
 
 ``ms`` is the median of ``--runs`` calls after one warm-up call (compile time is separate: the disk cache is
 off, ``POLYC_CACHE_DIR=off``, unless you set it). GFLOP/s uses ``--flops EXPR`` (an expression in the sizes,
@@ -51,6 +58,7 @@ os.environ.setdefault("POLYC_CACHE_DIR", "off")
 import numpy as np  # noqa: E402
 
 import polyc  # noqa: E402
+import polyc.tune  # noqa: E402
 from polyc import Options  # noqa: E402
 from polyc.poly import analysis  # noqa: E402
 
@@ -172,6 +180,22 @@ def fmt(value, digits=3) -> str:
     return f"{value:.{digits}g}" if value < 1 else f"{value:.2f}"
 
 
+def write_search_png(path: str, history, title: str) -> None:
+    """The best median so far of a tuning search (``polyc.tune.TuneResult.history``) over its seconds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.0, 3.5))
+    ax.step([t for t, _ in history], [b * 1e3 for _, b in history], where="post")
+    ax.set_xlabel("seconds of search")
+    ax.set_ylabel("best ms so far")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_png(path: str, rows, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -213,6 +237,9 @@ def main(argv=None) -> int:
                     help="an extra variant: a name and an Options spec, e.g. 'mine=tile_sizes=8x32x64,fusion=min'")
     ap.add_argument("--png", default=None, help="write a bar chart of the speedups to this file (needs matplotlib)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tuned", action="store_true", help="add this kernel's best tuning record as a variant")
+    ap.add_argument("--tune", type=float, default=None, metavar="SECONDS",
+                    help="run a tuning search of SECONDS first and add its best as a variant")
     args = ap.parse_args(argv)
 
     if args.png:
@@ -225,7 +252,7 @@ def main(argv=None) -> int:
     source, where = load_source(args.kernel)
     sizes = parse_sizes(args.sizes)
     try:
-        kernel = polyc.define(source, name=args.name)
+        kernel = polyc.Kernel(source, name=args.name, records=False)
     except polyc.PolycError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -251,6 +278,16 @@ def main(argv=None) -> int:
             return 2
         ladder = [ladder[0]] + [(n, o) for n, o in ladder[1:] if n in wanted]
     ladder += extras
+    search = None
+    if args.tuned:
+        record = polyc.tune.best_record(source, sizes, kernel.name, args.threads)
+        if record is None:
+            print("note: no tuning record of this kernel beat the default (polyc tune makes them)", file=sys.stderr)
+        else:
+            ladder.append(("tuned (record)", Options.from_spec(record["options"]).replace(threads=args.threads)))
+    if args.tune:
+        search = polyc.tune.tune(source, sizes, kernel.name, budget=args.tune, threads=args.threads)
+        ladder.append(("tuned (search)", Options.from_spec(search.best_spec).replace(threads=args.threads)))
 
     flops = None
     if args.flops:
@@ -306,6 +343,9 @@ def main(argv=None) -> int:
               f"{r['speedup']:.2f}x | {check} |")
     if args.png:
         write_png(args.png, rows, f"{kernel.name} at {size_text}")
+        if search is not None:
+            write_search_png(str(Path(args.png).with_name(Path(args.png).stem + "-search.png")), search.history,
+                             f"{kernel.name} at {size_text}: tuning search")
         print(f"\nwrote {args.png}")
     bad = [r["variant"] for r in rows if not r["ok"]]
     if bad:

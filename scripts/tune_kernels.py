@@ -11,9 +11,11 @@ stayed the best), the winning options, candidates measured. Then the geometric m
 kernels and over the slowest third (by default ms). The records go to the records file
 (``POLYC_TUNING_RECORDS``), so ``polyc.define`` uses them afterwards.
 
-``--compare SECONDS`` instead runs the genetic search and random sampling with the same budget on the first
-kernels of ``--only`` (or SGEMM 512, the 3x3 conv and 2mm) and prints the best each found and when;
-``--plot FILE.png`` draws the best-so-far curves (matplotlib, the ``bench`` extra).
+``--compare SECONDS`` instead runs the genetic search and random sampling with the same budget, ``--seeds``
+times each, on the kernels of ``--only`` (or SGEMM 512, the 3x3 conv and gemver), and prints each search's
+confirmed gain (default over best, from the alternating confirmation that ends it: a single measurement during
+the search is too noisy to rank strategies by) and their geometric means; ``--plot FILE.png`` draws the
+searches' best-so-far curves (matplotlib, the ``bench`` extra).
 
     python scripts/tune_kernels.py --budget 60 --threads 1
     python scripts/tune_kernels.py --compare 40 --plot search.png
@@ -79,6 +81,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="sections or labels, comma-separated (gemm,conv,'sgemm 512')")
     parser.add_argument("--compare", type=float, default=None, help="evolution vs random, SECONDS each")
     parser.add_argument("--plot", default=None, help="with --compare: write the best-so-far curves here")
+    parser.add_argument("--seeds", type=int, default=2, help="with --compare: searches per strategy and kernel")
     args = parser.parse_args(argv)
     chosen = [w.strip() for w in args.only.split(",") if w.strip()]
     rows = [r for r in kernel_set() if not chosen or r[0] in chosen or r[1] in chosen]
@@ -86,8 +89,8 @@ def main(argv=None) -> int:
     print(f"# {target}, threads {args.threads or target.cores}, budget {args.budget:g} s a kernel\n")
     if args.compare is not None:
         return compare(rows if chosen else [r for r in kernel_set() if r[1] in ("sgemm 512", "conv 3x3 64ch 56",
-                                                                                  "two_mm")],
-                       args.compare, args.threads, args.plot)
+                                                                                  "gemver")],
+                       args.compare, args.threads, args.plot, args.seeds)
     print("| kernel | sizes | default ms | tuned ms | gain | winning options | candidates |")
     print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
     results = []
@@ -106,33 +109,39 @@ def main(argv=None) -> int:
     return 0
 
 
-def compare(rows, seconds: float, threads, plot) -> int:
-    """The genetic search and random sampling, ``seconds`` each, on each of ``rows`` (records not written)."""
-    print("| kernel | default ms | evolution best ms | found at s | random best ms | found at s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    curves = {}
+def compare(rows, seconds: float, threads, plot, seeds: int = 2) -> int:
+    """The genetic search and random sampling, ``seconds`` each and ``seeds`` seeds each, on each of ``rows``
+    (records not written). A search's result is its *confirmed* gain (default over best, both from the
+    alternating confirmation that ends it): single measurements during a search are too noisy to rank by."""
+    print(f"| kernel | evolution gain (seeds {', '.join(map(str, range(seeds)))}) | mean | "
+          f"random gain (seeds {', '.join(map(str, range(seeds)))}) | mean |")
+    print("| --- | --- | ---: | --- | ---: |")
+    curves, means = {}, {"evolution": [], "random": []}
     for _, label, source, name, sizes in rows:
-        found = {}
+        gains = {}
         for strategy in ("evolution", "random"):
-            result = tune.tune(source, sizes, name, budget=seconds, threads=threads, strategy=strategy, write=False)
-            best_at = next((t for t, b in result.history if b <= min(b for _, b in result.history)), 0.0)
-            found[strategy] = (result, best_at)
-            curves[(label, strategy)] = result.history
-        evo, rnd = found["evolution"], found["random"]
-        print(f"| {label} | {evo[0].default_seconds * 1e3:.3f} | {min(b for _, b in evo[0].history) * 1e3:.3f} | "
-              f"{evo[1]:.0f} | {min(b for _, b in rnd[0].history) * 1e3:.3f} | {rnd[1]:.0f} |", flush=True)
+            gains[strategy] = []
+            for seed in range(seeds):
+                result = tune.tune(source, sizes, name, budget=seconds, threads=threads, strategy=strategy,
+                                   seed=seed, write=False)
+                gains[strategy].append(result.gain)
+                curves[(label, strategy, seed)] = [(t, result.history[0][1] / b) for t, b in result.history]
+            means[strategy].append(_geomean(gains[strategy]))
+        print(f"| {label} | {', '.join(f'{g:.2f}' for g in gains['evolution'])} | {means['evolution'][-1]:.3f} | "
+              f"{', '.join(f'{g:.2f}' for g in gains['random'])} | {means['random'][-1]:.3f} |", flush=True)
+    print(f"\ngeometric mean of the confirmed gains: evolution {_geomean(means['evolution']):.3f}, "
+          f"random {_geomean(means['random']):.3f}")
     if plot:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(7, 4))
-        for (label, strategy), history in curves.items():
-            ax.step([t for t, _ in history], [b * 1e3 for _, b in history], where="post",
-                    label=f"{label} ({strategy})", linestyle="-" if strategy == "evolution" else "--")
+        for (label, strategy, seed), history in curves.items():
+            ax.step([t for t, _ in history], [g for _, g in history], where="post", alpha=0.8,
+                    label=f"{label} ({strategy}, seed {seed})", linestyle="-" if strategy == "evolution" else "--")
         ax.set_xlabel("seconds of search")
-        ax.set_ylabel("best ms so far")
-        ax.set_yscale("log")
-        ax.legend(fontsize=7)
+        ax.set_ylabel("first measurement / best so far")
+        ax.legend(fontsize=6)
         fig.tight_layout()
         fig.savefig(plot, dpi=120)
         print(f"\nwrote {plot}")

@@ -186,6 +186,15 @@ def _ray_measurer(address: str):
     return measure
 
 
+def best_record(source: str, sizes: dict, name: str | None = None, threads: int | None = None) -> dict | None:
+    """The record :func:`polyc.define` would apply to the def ``name`` of ``source`` at ``sizes`` with
+    ``threads`` (default as it resolves them) on this target and polyc version, or None."""
+    kernel = Kernel(source, name, Options(threads=threads), records=False)
+    threads = resolve_options(kernel.options, kernel.target).threads
+    return records.best(records.record_key(source, kernel.name, {n: int(sizes[n]) for n in kernel.checked.sizes},
+                                           kernel.target, threads))
+
+
 def show(path=None) -> str:
     """The records as a markdown table, per kernel the default and the best candidate: def, sizes, CPU,
     threads, default ms, best ms, gain, the best options."""

@@ -10,8 +10,9 @@ the first candidate, so tuning never picks something slower than the default *as
 - ``unroll`` (None, 0, 4, 8, 16), ``promote`` (None, True, False), ``fusion`` (smart, max, min), ``rar`` and
   ``tile`` (on or off).
 
-:class:`Evolution` is a steady-state genetic search in the manner of Tensor Comprehensions' autotuner: a
-population of the best measured candidates, parents picked by tournament (the best of 3 at random), a child
+:class:`Evolution` is a steady-state genetic search in the manner of Tensor Comprehensions' autotuner, seeded
+by the strategy: the first round is the default and its neighbours (one field changed), then a population of
+the best measured candidates breeds: parents picked by tournament (the best of 3 at random), a child
 made by uniform crossover of two parents' fields and then mutated (each field redrawn with probability
 1/number of fields, at least one), duplicates of measured candidates redrawn. :class:`RandomSearch` draws
 each field uniformly: the baseline the evolution is compared with (``scripts/tune_kernels.py --compare``).
@@ -90,8 +91,8 @@ class Evolution(RandomSearch):
     def propose(self, count: int, measured: list) -> list[dict]:
         """``measured``: ``(fields, median seconds or None)`` of every candidate so far."""
         good = sorted((m for m in measured if m[1] is not None), key=lambda m: m[1])[:self.population]
-        if len(good) < 2:  # nothing to breed yet: mutations of the default, or random draws
-            return super().propose(count, measured)
+        if len(good) < 2:  # nothing to breed yet: the default and its neighbours (one field changed)
+            return self._neighbours(count)
         found = []
         for _ in range(count * 50):
             if len(found) >= count:
@@ -107,6 +108,22 @@ class Evolution(RandomSearch):
             if spec not in self.seen:
                 self.seen.add(spec)
                 found.append(child)
+        return found
+
+    def _neighbours(self, count: int) -> list[dict]:
+        found = []
+        if not self.seen:
+            found.append({})
+            self.seen.add(spec_of({}))
+        for _ in range(count * 50):
+            if len(found) >= count:
+                break
+            field = self.rng.choice(list(self.choices))
+            fields = _clean({field: self.rng.choice(self.choices[field])})
+            spec = spec_of(fields)
+            if spec not in self.seen:
+                self.seen.add(spec)
+                found.append(fields)
         return found
 
     def _tournament(self, good: list) -> dict:

@@ -166,3 +166,42 @@ def test_bench_models_prints_ratios_and_where_time_goes():
     assert "1 thread: geometric mean of onnxruntime/polyc" in result.stdout
     assert result.stdout.count("slowest kernels") == 2
     assert "% of roofline" in result.stdout
+
+
+def test_compare_schedules_adds_a_tuning_search_and_its_record(tmp_path):
+    """--tune runs a search first (its records written) and adds its best; --tuned then finds the record when
+    one beat the default; --png also draws the search's best-so-far."""
+    records = tmp_path / "records.jsonl"
+    env = dict(os.environ, POLYC_CACHE_DIR="off", POLYC_TUNING_RECORDS=str(records))
+    args = [sys.executable, str(SCRIPTS / "compare_schedules.py"), "kernels/matmul.tc", "--def", "matmul", "--sizes",
+            "M=24,N=20,K=16", "--runs", "1", "--tile-sizes", "", "--variants", "+ parallel", "--threads", "1"]
+    tuned = subprocess.run(args + ["--tune", "2", "--png", str(tmp_path / "ladder.png")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=180)
+    assert tuned.returncode == 0, tuned.stderr
+    _, rows = first_table(tuned.stdout)
+    assert [r["variant"] for r in rows] == ["source order", "+ parallel", "tuned (search)"]
+    assert all(r["check"] in ("reference", "ok") for r in rows)
+    assert records.exists() and (tmp_path / "ladder-search.png").stat().st_size > 0
+    again = subprocess.run(args + ["--tuned"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stderr
+    names = [r["variant"] for r in first_table(again.stdout)[1]]
+    assert names[-1] == "tuned (record)" or "no tuning record" in again.stderr
+
+
+def test_tune_kernels_prints_gains_and_compares_searches(tmp_path):
+    env = dict(os.environ, POLYC_CACHE_DIR="off", POLYC_TUNING_RECORDS=str(tmp_path / "records.jsonl"))
+    run = subprocess.run([sys.executable, str(SCRIPTS / "tune_kernels.py"), "--budget", "2", "--threads", "1",
+                          "--only", "atax"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    header, rows = first_table(run.stdout)
+    assert header[:5] == ["kernel", "sizes", "default ms", "tuned ms", "gain"] and rows[0]["kernel"] == "atax"
+    assert number(rows[0]["tuned ms"]) <= number(rows[0]["default ms"]) and number(rows[0]["gain"]) >= 1.0
+    assert "geometric mean gain" in run.stdout
+    compared = subprocess.run([sys.executable, str(SCRIPTS / "tune_kernels.py"), "--compare", "1", "--threads", "1",
+                               "--only", "atax", "--seeds", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=180)
+    assert compared.returncode == 0, compared.stderr
+    header, rows = first_table(compared.stdout)
+    assert header[0] == "kernel" and header[2] == "mean" and len(rows) == 1
+    assert number(rows[0]["mean"]) >= 1.0  # a confirmed gain: the default when nothing beat it
+    assert "geometric mean of the confirmed gains" in compared.stdout
