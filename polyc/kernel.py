@@ -238,7 +238,7 @@ class Kernel:
         if name is None:
             if len(names) > 1:
                 raise PolycError(f"the source defines {len(names)} kernels ({', '.join(names)}); "
-                                 "pick one with name=")
+                                 "pick one with name= (on the command line: --def NAME)")
             name = names[0]
         if name not in names:
             raise PolycError(f"no def named '{name}'; the source defines: {', '.join(names)}")

@@ -12,7 +12,8 @@ the first candidate, so tuning never picks something slower than the default *as
 
 :class:`Evolution` is a steady-state genetic search in the manner of Tensor Comprehensions' autotuner, seeded
 by the strategy: the first round is the default and its neighbours (one field changed), then a population of
-the best measured candidates breeds: parents picked by tournament (the best of 3 at random), a child
+the best measured candidates breeds, with a quarter of each round drawn at random (immigrants, so a winner
+far from the default stays reachable): parents picked by tournament (the best of 3 at random), a child
 made by uniform crossover of two parents' fields and then mutated (each field redrawn with probability
 1/number of fields, at least one), duplicates of measured candidates redrawn. :class:`RandomSearch` draws
 each field uniformly: the baseline the evolution is compared with (``scripts/tune_kernels.py --compare``).
@@ -94,6 +95,9 @@ class Evolution(RandomSearch):
         if len(good) < 2:  # nothing to breed yet: the default and its neighbours (one field changed)
             return self._neighbours(count)
         found = []
+        immigrants = count // 4  # random draws among the children: a winner far from the default stays reachable
+        if immigrants:
+            found += RandomSearch.propose(self, immigrants, measured)
         for _ in range(count * 50):
             if len(found) >= count:
                 break

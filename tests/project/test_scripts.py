@@ -170,18 +170,18 @@ def test_bench_models_prints_ratios_and_where_time_goes():
 
 def test_compare_schedules_adds_a_tuning_search_and_its_record(tmp_path):
     """--tune runs a search first (its records written) and adds its best; --tuned then finds the record when
-    one beat the default; --png also draws the search's best-so-far."""
+    one beat the default. (--png, which also draws the search's best-so-far, needs matplotlib: the bench
+    extra, not the test one.)"""
     records = tmp_path / "records.jsonl"
     env = dict(os.environ, POLYC_CACHE_DIR="off", POLYC_TUNING_RECORDS=str(records))
     args = [sys.executable, str(SCRIPTS / "compare_schedules.py"), "kernels/matmul.tc", "--def", "matmul", "--sizes",
             "M=24,N=20,K=16", "--runs", "1", "--tile-sizes", "", "--variants", "+ parallel", "--threads", "1"]
-    tuned = subprocess.run(args + ["--tune", "2", "--png", str(tmp_path / "ladder.png")], cwd=ROOT, env=env,
-                           capture_output=True, text=True, timeout=180)
+    tuned = subprocess.run(args + ["--tune", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert tuned.returncode == 0, tuned.stderr
     _, rows = first_table(tuned.stdout)
     assert [r["variant"] for r in rows] == ["source order", "+ parallel", "tuned (search)"]
     assert all(r["check"] in ("reference", "ok") for r in rows)
-    assert records.exists() and (tmp_path / "ladder-search.png").stat().st_size > 0
+    assert records.exists()
     again = subprocess.run(args + ["--tuned"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert again.returncode == 0, again.stderr
     names = [r["variant"] for r in first_table(again.stdout)[1]]
