@@ -196,8 +196,9 @@ def best_record(source: str, sizes: dict, name: str | None = None, threads: int 
 
 
 def show(path=None) -> str:
-    """The records as a markdown table, per kernel the default and the best candidate: def, sizes, CPU,
-    threads, default ms, best ms, gain, the best options."""
+    """The records as a markdown table, per kernel the default and the best candidate (from the confirmation
+    that ends a search when there is one): def, sizes, CPU, threads, default ms, best ms, gain, the best
+    options, the candidates measured."""
     by_key: dict = {}
     for record in records.read(path):
         if record.get("ok"):
@@ -205,9 +206,11 @@ def show(path=None) -> str:
     lines = ["| def | sizes | cpu | threads | default ms | best ms | gain | best options | candidates |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
     for group in by_key.values():
-        default = min((r["median"] for r in group if r.get("default")), default=None)
-        best = min(group, key=lambda r: r["median"])
-        sizes = ",".join(f"{k}={v}" for k, v in best["sizes"].items())
+        final = [r for r in group if r.get("final")]
+        decided = final or group  # a search's confirmation decides; without one, its single measurements
+        default = min((r["median"] for r in decided if r.get("default")), default=None)
+        best = min(decided, key=lambda r: r["median"])
+        sizes = ",".join(f"{k}={v}" for k, v in best["sizes"].items()) or "(in the def)"
         gain = f"{default / best['median']:.2f}" if default else "-"
         lines.append(f"| {best['name']} | {sizes} | {best.get('cpu', '')} | {best['threads']} | "
                      f"{'-' if default is None else f'{default * 1e3:.3f}'} | {best['median'] * 1e3:.3f} | {gain} | "
