@@ -29,7 +29,6 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from . import env
@@ -40,6 +39,7 @@ from .lang.ast import itemsize
 from .options import Options
 from .pipeline import COMPILE_LOCK, resolve_options
 from .program import KernelCall, ProgramObjects, program_objects
+from .runtime.records import polyc_version
 from .target import host_target
 
 #: Status codes the exported functions return (also in the header).
@@ -118,14 +118,6 @@ def shared_objects(name: str, kernels, calls, n_slots: int, options: Options, on
     with COMPILE_LOCK:
         return program_objects(name, kernels, calls, n_slots, options, on_kernel, constant_slots, shared=True), \
             options
-
-
-def polyc_version() -> str:
-    """The installed polyc's version (package metadata), for the header."""
-    try:
-        return version("polyc")
-    except PackageNotFoundError:
-        return "(not installed)"
 
 
 def export_kernel(source: str, sizes: dict, directory, name: str | None = None, options: Options | None = None,

@@ -31,23 +31,8 @@ import time
 import polyc
 import polyc.kernels
 import polyc.tune as tune
+from bench_kernels import BENCH_SOURCE  # scripts/bench_kernels.py, beside this script
 from polyc.target import host_target
-
-BENCH_SOURCE = """
-def mlp_gelu(float(M,K) X, float(K,N) W, float(N) b) -> (Y) {
-    P(m,n) +=! X(m,k) * W(k,n)
-    Y(m,n) = 0.5 * x * (1.0 + tanh(0.79788456080286536 * (x + 0.044715 * x * x * x))) where x = P(m,n) + b(n)
-}
-def conv2d_s2_pad3(float(N,C,H,W) X, float(M,C,KH,KW) F) -> (Y) {
-    P(n,c,i,j) = (i >= 3 && i < H+3 && j >= 3 && j < W+3) ? X(n,c,i-3,j-3) : 0.0 where i in 0:H+6, j in 0:W+6
-    Y(n,m,h,w) +=! P(n,c,2*h+kh,2*w+kw) * F(m,c,kh,kw)
-        where h in 0:(H+6-KH)/2+1, w in 0:(W+6-KW)/2+1, kh in 0:KH, kw in 0:KW
-}
-def conv2d_depthwise_pad1(float(N,C,H,W) X, float(C,KH,KW) F) -> (Y) {
-    Y(n,c,h,w) +=! (h+kh >= 1 && h+kh <= H && w+kw >= 1 && w+kw <= W) ? X(n,c,h+kh-1,w+kw-1) * F(c,kh,kw) : 0.0
-        where h in 0:H-KH+3, w in 0:W-KW+3, kh in 0:KH, kw in 0:KW
-}
-"""
 
 
 def kernel_set() -> list[tuple[str, str, str, dict]]:

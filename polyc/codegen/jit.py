@@ -149,13 +149,18 @@ def compile_module(module_or_ir_text, target: Target, opt_level: int = 3, unroll
     Raises :class:`CompileError` naming the kernels when LLVM rejects the IR, the target is unknown, or a
     called external function cannot be resolved in this process.
     """
-    if not 0 <= opt_level <= 3:
-        raise CompileError(f"jit: opt_level must be 0..3, got {opt_level}")
-    text = str(module_or_ir_text) if isinstance(module_or_ir_text, ir.Module) else module_or_ir_text
+    text = _ir_text(module_or_ir_text, opt_level)
     with _LOCK:
         _init_llvm()
         _ensure_pool(target)
         return _compile(text, target, opt_level, unroll)
+
+
+def _ir_text(module_or_ir_text, opt_level: int) -> str:
+    """The IR text of an ``ir.Module`` (or the text given); CompileError for an opt level outside 0..3."""
+    if not 0 <= opt_level <= 3:
+        raise CompileError(f"jit: opt_level must be 0..3, got {opt_level}")
+    return str(module_or_ir_text) if isinstance(module_or_ir_text, ir.Module) else module_or_ir_text
 
 
 def compile_object(module_or_ir_text, target: Target, opt_level: int = 3, unroll: bool = True,
@@ -165,9 +170,7 @@ def compile_object(module_or_ir_text, target: Target, opt_level: int = 3, unroll
     functions the module declares that other objects loaded with it define. ``shared``: position-independent
     code for a shared library (:mod:`polyc.export`) instead of this process's JIT. Thread-safe (serialized);
     raises like :func:`compile_module`."""
-    if not 0 <= opt_level <= 3:
-        raise CompileError(f"jit: opt_level must be 0..3, got {opt_level}")
-    text = str(module_or_ir_text) if isinstance(module_or_ir_text, ir.Module) else module_or_ir_text
+    text = _ir_text(module_or_ir_text, opt_level)
     with _LOCK:
         _init_llvm()
         _ensure_pool(target)

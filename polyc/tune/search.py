@@ -67,14 +67,19 @@ class RandomSearch:
 
     def propose(self, count: int, measured: list) -> list[dict]:
         """``count`` new candidates (dicts of fields) not measured yet; the default first of all."""
-        found = []
+        return self._fresh(count, self._draw)
+
+    def _fresh(self, count: int, draw, found: list | None = None) -> list[dict]:
+        """``found`` (default none) topped up to ``count`` candidates by calling ``draw()``, skipping those
+        already proposed; the default first of all when nothing has been proposed yet."""
+        found = [] if found is None else found
         if not self.seen:
             found.append({})
             self.seen.add(spec_of({}))
         for _ in range(count * 50):
             if len(found) >= count:
                 break
-            fields = _clean(self._draw())
+            fields = _clean(draw())
             spec = spec_of(fields)
             if spec not in self.seen:
                 self.seen.add(spec)
@@ -94,41 +99,26 @@ class Evolution(RandomSearch):
         good = sorted((m for m in measured if m[1] is not None), key=lambda m: m[1])[:self.population]
         if len(good) < 2:  # nothing to breed yet: the default and its neighbours (one field changed)
             return self._neighbours(count)
-        found = []
         immigrants = count // 4  # random draws among the children: a winner far from the default stays reachable
-        if immigrants:
-            found += RandomSearch.propose(self, immigrants, measured)
-        for _ in range(count * 50):
-            if len(found) >= count:
-                break
-            a, b = self._tournament(good), self._tournament(good)
-            child = {f: (a if self.rng.random() < 0.5 else b).get(f, self.choices[f][0]) for f in self.choices}
-            fields = list(self.choices)
-            changed = [f for f in fields if self.rng.random() < 1 / len(fields)] or [self.rng.choice(fields)]
-            for f in changed:
-                child[f] = self.rng.choice(self.choices[f])
-            child = _clean(child)
-            spec = spec_of(child)
-            if spec not in self.seen:
-                self.seen.add(spec)
-                found.append(child)
-        return found
+        found = self._fresh(immigrants, self._draw) if immigrants else []
+        return self._fresh(count, lambda: self._child(good), found)
+
+    def _child(self, good: list) -> dict:
+        """Uniform crossover of two tournament winners, then a mutation of at least one field."""
+        a, b = self._tournament(good), self._tournament(good)
+        child = {f: (a if self.rng.random() < 0.5 else b).get(f, self.choices[f][0]) for f in self.choices}
+        fields = list(self.choices)
+        changed = [f for f in fields if self.rng.random() < 1 / len(fields)] or [self.rng.choice(fields)]
+        for f in changed:
+            child[f] = self.rng.choice(self.choices[f])
+        return child
 
     def _neighbours(self, count: int) -> list[dict]:
-        found = []
-        if not self.seen:
-            found.append({})
-            self.seen.add(spec_of({}))
-        for _ in range(count * 50):
-            if len(found) >= count:
-                break
+        """The default and candidates that change one of its fields."""
+        def one_field():
             field = self.rng.choice(list(self.choices))
-            fields = _clean({field: self.rng.choice(self.choices[field])})
-            spec = spec_of(fields)
-            if spec not in self.seen:
-                self.seen.add(spec)
-                found.append(fields)
-        return found
+            return {field: self.rng.choice(self.choices[field])}
+        return self._fresh(count, one_field)
 
     def _tournament(self, good: list) -> dict:
         return min(self.rng.sample(good, min(3, len(good))), key=lambda m: m[1])[0]
