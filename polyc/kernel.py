@@ -36,10 +36,12 @@ from .errors import KernelRuntimeError, PolycError, ShapeError
 from .lang import ast as L
 from .lang import check_def, parse
 from .lang.einsum import einsum_source
+from .lang.grad import grad_def
 from .lang.sema import numpy_dtype
 from .options import Options
 from .pipeline import COMPILE_LOCK, Stages, compile_kernel, resolve_options, symbol
 from .poly import schedule as schedule_module
+from .poly.affine import constant_value
 from .poly.build import build_scop, checked_reads, input_shapes
 from .poly.promote import packed_array
 from .runtime import cache, records
@@ -499,6 +501,89 @@ def define(source: str, name: str | None = None, options: Options | None = None,
     PolycError listing the defs when ``name`` is missing or wrong.
     """
     return Kernel(source, name, options, filename)
+
+
+class GradKernel(Kernel):
+    """The gradient of a kernel (:func:`grad`): a :class:`Kernel` whose def :func:`polyc.lang.grad.grad_def`
+    wrote. ``source`` is its text (``print(g.source)``), ``forward`` the differentiated kernel, ``seeds`` the
+    ``(output, seed input)`` pairs and ``wrt`` the ``(input, gradient output)`` pairs.
+
+    Binding shapes also checks what the text cannot say: each seed has its output's shape (ShapeError
+    naming the seed otherwise), and the ranges the gradient assumes for the forward statements' indices are
+    the ones the forward kernel's range inference gives (UnsupportedError naming the index otherwise: a
+    where clause in the forward def settles it).
+    """
+
+    def __init__(self, forward: Kernel, wrt, name: str | None = None, options: Options | None = None):
+        if isinstance(wrt, str):
+            wrt = (wrt,)
+        try:
+            gradient = grad_def(forward.checked, tuple(wrt), name)
+        except PolycError as exc:
+            raise exc.with_source(forward.source, f"<{forward.name}>") from None
+        super().__init__(gradient.source, gradient.definition.name, options or forward.options,
+                         filename=f"<gradient of {forward.name}>")
+        self.forward = forward
+        self.gradient = gradient
+        self.seeds = gradient.seeds
+        self.wrt = gradient.wrt
+        self._checked_sizes: set = set()
+
+    def __repr__(self) -> str:
+        return f"<polyc.GradKernel {self.name} of {self.forward.name} wrt {', '.join(t for t, _ in self.wrt)}>"
+
+    def bind_sizes(self, shapes) -> dict:
+        sizes = super().bind_sizes(shapes)
+        key = tuple(sorted(sizes.items()))
+        if key not in self._checked_sizes:
+            self._check_forward(sizes, dict(zip((t.name for t in self.checked.inputs), shapes)))
+            self._checked_sizes.add(key)
+        return sizes
+
+    def _check_forward(self, sizes: dict, shapes: dict) -> None:
+        forward = self.forward.checked
+        fwd_sizes = self.forward._every_size({n: sizes[n] for n in forward.sizes if n in sizes})
+        scop = build_scop(forward, fwd_sizes)
+        for out, seed in self.seeds:
+            want = tuple(scop.tensor(out).shape)
+            got = tuple(shapes.get(seed, want))
+            if got != want:
+                raise ShapeError(f"argument '{seed}': the seed of output '{out}' must have its shape {list(want)}, "
+                                 f"got {list(got)}")
+        names = [s.name for s in scop.statements if s.op != "init"]
+        for k, index, lo, hi in self.gradient.ranges:
+            found = scop.ranges[(names[k], index)]
+            assumed = (constant_value(lo, fwd_sizes), constant_value(hi, fwd_sizes))
+            if assumed != tuple(found):
+                span = forward.statements[k].stmt.span
+                raise UnsupportedError(
+                    f"the gradient of {self.forward.name} assumes index '{index}' of the statement at "
+                    f"{span.line}:{span.col} ranges over {assumed[0]}:{assumed[1]}, but range inference gives "
+                    f"{found[0]}:{found[1]} for these sizes", span, forward.source,
+                    hint=f"give '{index}' its range with a where clause in {self.forward.name}")
+
+
+def grad(kernel: Kernel, wrt, name: str | None = None, options: Options | None = None) -> GradKernel:
+    """The gradient of ``kernel`` with respect to its inputs named in ``wrt`` (a name or a sequence), as a new
+    kernel compiled through the same pipeline (reverse mode; :mod:`polyc.lang.grad` gives the rules).
+
+    ``g = polyc.grad(k, wrt=("A", "B"))`` is called as ``g(*inputs, *seeds)``: ``k``'s inputs, then one seed
+    per output of ``k`` (``dY``, the output's shape and dtype: the gradient of a scalar loss with respect to
+    that output), and returns the gradients in ``wrt`` order (one array when ``wrt`` names one input), each of
+    its input's shape and dtype. ``print(g.source)`` shows the gradient def::
+
+        >>> mm = polyc.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
+        >>> print(polyc.grad(mm, wrt=("A", "B")).source)   # doctest: +NORMALIZE_WHITESPACE
+        def mm_grad(float32(M, K) A, float32(K, N) B, float32(M, N) dC) -> (float32(M, K) dA, float32(K, N) dB) {
+            dB(k, n) +=! A(m, k) * dC(m, n) where k in 0:K, n in 0:N, m in 0:M
+            dA(m, k) +=! dC(m, n) * B(k, n) where m in 0:M, k in 0:K, n in 0:N
+        }
+
+    Raises PolycError for a ``wrt`` name that is not a float input, UnsupportedError (naming the statement or
+    read) for what cannot be differentiated (module :mod:`polyc.lang.grad`), and at call time what
+    :class:`GradKernel` checks.
+    """
+    return GradKernel(kernel, wrt, name, options)
 
 
 #: How many einsum kernels (one per subscripts, shapes, dtypes, options) are kept, least recently used out.

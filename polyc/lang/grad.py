@@ -1,0 +1,812 @@
+"""Reverse-mode automatic differentiation of a checked def: its gradient, written as another def.
+
+In Einstein notation the derivative of a comprehension is again a comprehension. For a statement
+``T(L) op= rhs`` over the iteration domain of its indices ``I = L + R`` (left-hand and reduction indices) and a
+read ``A(f(I))`` in ``rhs``, the chain rule gives, for every point of the domain,
+``dA(f(I)) += dT(L) * d rhs / d A(f(I))``. :func:`grad_def` writes that as a statement of the language:
+
+- an argument of the read that is a plain index ``i`` stays the index ``i`` of ``dA``
+  (``C(m,n) +=! A(m,k) * B(k,n)`` gives ``dA(m,k) +=! dC(m,n) * B(k,n)``; ``n`` becomes a reduction index);
+- an affine argument is solved for one of its indices, the *pivot*, which disappears from the statement: its
+  range becomes a guard and the other indices keep theirs (``X(n,c,h+kh,w+kw)`` gives
+  ``dX(n,c,h,w) +=! (h-kh >= 0 && h-kh < OH && ...) ? dY(n,m,h-kh,w-kw) * F(m,c,kh,kw) : 0.0``). The pivot is
+  preferably an index of the written tensor (the large spatial loop, not the small window), and may have a
+  coefficient: ``2*h+kh = y`` gives ``h = (y-kh)/2`` under ``(y-kh) % 2 == 0``;
+- any other argument (a data-dependent ``A(B(i))``, ``A(i*i)``, a constant, an index used twice) becomes a
+  fresh index of ``dA`` over the whole dimension with the guard ``a == arg``: the scatter-add of a gather,
+  written as a comprehension (its cost is the dimension's extent times the read's domain).
+
+Every index of a gradient statement gets an explicit range: the forward statement's where clause or the
+extent of a tensor the index appears alone in (TC's range inference, symbolically). :class:`Gradient` lists
+these ranges per forward statement, so that a caller with concrete sizes can check them against the forward
+kernel's range inference (``polyc.grad`` does; where they differ the def needs a where clause).
+
+Statements are differentiated in reverse order. The adjoint of a temporary sums the contributions of the
+statements that read it (the first ``+=!``, the rest ``+=``); an output's adjoint is its seed ``dY`` (an extra
+input of the gradient def, the output's shape), plus the contributions of later reads. Forward temporaries
+and outputs the gradient reads (a softmax's row sums) are computed again at the start of the gradient def.
+
+Reductions: ``+=``/``+=!`` pass ``dT`` to every term; ``*=!`` passes ``dT`` times the product of the other
+terms, computed without dividing by zero (a product of the non-zero terms and a count of the zero ones);
+``max=!``/``min=!`` pass ``dT`` to the terms equal to the result, split evenly among ties (the subgradient
+PyTorch's ``amax`` takes). Elementwise builtins have their derivative (:data:`PARTIALS`); ``fmax``/``max``
+and ``fmin``/``min`` split the gradient evenly where their arguments are equal (so ``relu``'s gradient at 0
+is 0.5); ``floor``-like functions have derivative 0; ``?:`` passes the gradient through the branch taken.
+Integer and bool values carry no gradient. float16/bfloat16 tensors and ``lgamma``/``tgamma`` are refused
+with UnsupportedError.
+
+Source: reverse-mode AD of array programs as in Griewank & Walther, *Evaluating Derivatives* (2008), ch. 3
+and 6, applied per statement of a comprehension; the index solving is Gaussian elimination on one affine
+argument at a time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..errors import UnsupportedError, PolycError
+from . import ast as A
+from .printer import format_def
+
+FLOATS = ("float32", "float64")
+
+
+# ---- expressions with a zero: None stands for 0 -------------------------------------------------------------
+
+def _lit(value: float) -> A.Const:
+    return A.Const(float(value))
+
+
+ZERO = _lit(0.0)
+
+
+def _is_lit(e, value) -> bool:
+    return isinstance(e, A.Const) and not isinstance(e.value, bool) and e.value == value
+
+
+def _call(func, *args) -> A.Call:
+    return A.Call(func, tuple(args))
+
+
+def add(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if isinstance(b, A.Unary) and b.op == "-":
+        return A.Binary("-", a, b.operand)
+    return A.Binary("+", a, b)
+
+
+def neg(a):
+    if a is None:
+        return None
+    if isinstance(a, A.Unary) and a.op == "-":
+        return a.operand
+    return A.Unary("-", a)
+
+
+def sub(a, b):
+    return add(a, neg(b))
+
+
+def mul(a, b):
+    """``a * b``; a ``?:`` with a zero branch takes the product into its other branch (so a guard stays at the
+    top of a gradient's right-hand side, where the polyhedral model moves it into the iteration domain)."""
+    if a is None or b is None or _is_lit(a, 0.0) or _is_lit(b, 0.0):
+        return None
+    if _is_lit(a, 1.0):
+        return b
+    if _is_lit(b, 1.0):
+        return a
+    if isinstance(a, A.Select) and _is_lit(a.other, 0.0):
+        return select(a.cond, mul(a.then, b), None)
+    if isinstance(b, A.Select) and _is_lit(b.other, 0.0):
+        return select(b.cond, mul(a, b.then), None)
+    if isinstance(a, A.Unary) and a.op == "-":
+        return neg(mul(a.operand, b))
+    if isinstance(b, A.Unary) and b.op == "-":
+        return neg(mul(a, b.operand))
+    return A.Binary("*", a, b)
+
+
+def div(a, b):
+    if a is None:
+        return None
+    return A.Binary("/", a, b)
+
+
+def select(cond, a, b):
+    if a is None and b is None:
+        return None
+    return A.Select(cond, ZERO if a is None else a, ZERO if b is None else b)
+
+
+def _and(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return A.Binary("&&", a, b)
+
+
+def _cmp(op, a, b):
+    return A.Binary(op, a, b)
+
+
+# ---- derivatives of the builtins -------------------------------------------------------------------------
+
+_SQRT_PI_2 = 2 / math.sqrt(math.pi)      # d erf
+_LN10, _LN2 = math.log(10), math.log(2)
+
+
+def _split(a, b, first):
+    """The even split of ``max``/``min`` at a tie: 1 for the argument chosen, 0.5 each when equal."""
+    win, lose = (">", "<") if first else ("<", ">")
+    return A.Select(_cmp(win, a, b), _lit(1.0), A.Select(_cmp(lose, a, b), _lit(0.0), _lit(0.5)))
+
+
+def _sq(x):
+    return A.Binary("*", x, x)
+
+
+def _partials_bessel(x, f0, f1):
+    """d f1(x) = f0(x) - f1(x)/x, with its limit 0.5 at 0 (for J1 and I1)."""
+    return A.Select(_cmp("==", x, _lit(0.0)), _lit(0.5), sub(_call(f0, x), div(_call(f1, x), x)))
+
+
+#: builtin → function of its argument expressions giving one partial derivative per argument (None: 0).
+PARTIALS = {
+    "exp": lambda x: [_call("exp", x)],
+    "expm1": lambda x: [_call("exp", x)],
+    "exp2": lambda x: [mul(_lit(_LN2), _call("exp2", x))],
+    "exp10": lambda x: [mul(_lit(_LN10), _call("exp10", x))],
+    "log": lambda x: [div(_lit(1.0), x)],
+    "log1p": lambda x: [div(_lit(1.0), add(_lit(1.0), x))],
+    "log2": lambda x: [div(_lit(1.0), mul(x, _lit(_LN2)))],
+    "log10": lambda x: [div(_lit(1.0), mul(x, _lit(_LN10)))],
+    "sqrt": lambda x: [div(_lit(0.5), _call("sqrt", x))],
+    "rsqrt": lambda x: [div(mul(_lit(-0.5), _call("rsqrt", x)), x)],
+    "cbrt": lambda x: [div(_call("cbrt", x), mul(_lit(3.0), x))],
+    "rcbrt": lambda x: [div(mul(_lit(-1.0), _call("rcbrt", x)), mul(_lit(3.0), x))],
+    "tanh": lambda x: [sub(_lit(1.0), _sq(_call("tanh", x)))],
+    "sigmoid": lambda x: [mul(_call("sigmoid", x), sub(_lit(1.0), _call("sigmoid", x)))],
+    "fabs": lambda x: [A.Select(_cmp(">", x, ZERO), _lit(1.0), A.Select(_cmp("<", x, ZERO), _lit(-1.0), ZERO))],
+    "abs": lambda x: [A.Select(_cmp(">", x, ZERO), _lit(1.0), A.Select(_cmp("<", x, ZERO), _lit(-1.0), ZERO))],
+    "fmax": lambda a, b: [_split(a, b, True), _split(b, a, True)],
+    "max": lambda a, b: [_split(a, b, True), _split(b, a, True)],
+    "fmin": lambda a, b: [_split(a, b, False), _split(b, a, False)],
+    "min": lambda a, b: [_split(a, b, False), _split(b, a, False)],
+    "fma": lambda a, b, c: [b, a, _lit(1.0)],
+    "pow": lambda a, b: [mul(b, _call("pow", a, sub(b, _lit(1.0)))), mul(_call("pow", a, b), _call("log", a))],
+    "erf": lambda x: [mul(_lit(_SQRT_PI_2), _call("exp", neg(_sq(x))))],
+    "erfc": lambda x: [mul(_lit(-_SQRT_PI_2), _call("exp", neg(_sq(x))))],
+    "erfcx": lambda x: [sub(mul(mul(_lit(2.0), x), _call("erfcx", x)), _lit(_SQRT_PI_2))],
+    "erfinv": lambda x: [mul(_lit(1 / _SQRT_PI_2), _call("exp", _sq(_call("erfinv", x))))],
+    "erfcinv": lambda x: [mul(_lit(-1 / _SQRT_PI_2), _call("exp", _sq(_call("erfcinv", x))))],
+    "normcdf": lambda x: [mul(_lit(1 / math.sqrt(2 * math.pi)), _call("exp", mul(_lit(-0.5), _sq(x))))],
+    "normcdfinv": lambda x: [mul(_lit(math.sqrt(2 * math.pi)),
+                                 _call("exp", mul(_lit(0.5), _sq(_call("normcdfinv", x)))))],
+    "sin": lambda x: [_call("cos", x)],
+    "cos": lambda x: [neg(_call("sin", x))],
+    "tan": lambda x: [add(_lit(1.0), _sq(_call("tan", x)))],
+    "sinpi": lambda x: [mul(_lit(math.pi), _call("cospi", x))],
+    "cospi": lambda x: [mul(_lit(-math.pi), _call("sinpi", x))],
+    "asin": lambda x: [_call("rsqrt", sub(_lit(1.0), _sq(x)))],
+    "acos": lambda x: [neg(_call("rsqrt", sub(_lit(1.0), _sq(x))))],
+    "atan": lambda x: [div(_lit(1.0), add(_lit(1.0), _sq(x)))],
+    "sinh": lambda x: [_call("cosh", x)],
+    "cosh": lambda x: [_call("sinh", x)],
+    "asinh": lambda x: [_call("rsqrt", add(_sq(x), _lit(1.0)))],
+    "acosh": lambda x: [_call("rsqrt", sub(_sq(x), _lit(1.0)))],
+    "atanh": lambda x: [div(_lit(1.0), sub(_lit(1.0), _sq(x)))],
+    "atan2": lambda y, x: [div(x, add(_sq(x), _sq(y))), neg(div(y, add(_sq(x), _sq(y))))],
+    "hypot": lambda a, b: [div(a, _call("hypot", a, b)), div(b, _call("hypot", a, b))],
+    "rhypot": lambda a, b: [neg(mul(a, _cube(_call("rhypot", a, b)))), neg(mul(b, _cube(_call("rhypot", a, b))))],
+    "norm3d": lambda a, b, c: [div(x, _call("norm3d", a, b, c)) for x in (a, b, c)],
+    "norm4d": lambda a, b, c, d: [div(x, _call("norm4d", a, b, c, d)) for x in (a, b, c, d)],
+    "rnorm3d": lambda a, b, c: [neg(mul(x, _cube(_call("rnorm3d", a, b, c)))) for x in (a, b, c)],
+    "rnorm4d": lambda a, b, c, d: [neg(mul(x, _cube(_call("rnorm4d", a, b, c, d)))) for x in (a, b, c, d)],
+    "fmod": lambda a, b: [_lit(1.0), neg(_call("trunc", div(a, b)))],
+    "remainder": lambda a, b: [_lit(1.0), neg(_call("rint", div(a, b)))],
+    "fdim": lambda a, b: [A.Select(_cmp(">", a, b), _lit(1.0), ZERO), A.Select(_cmp(">", a, b), _lit(-1.0), ZERO)],
+    "fdivide": lambda a, b: [div(_lit(1.0), b), neg(div(a, _sq(b)))],
+    "copysign": lambda a, b: [mul(_call("copysign", _lit(1.0), a), _call("copysign", _lit(1.0), b)), None],
+    "nextafter": lambda a, b: [_lit(1.0), None],
+    "ldexp": lambda x, e: [_call("ldexp", _lit(1.0), e), None],
+    "j0": lambda x: [neg(_call("j1", x))],
+    "j1": lambda x: [_partials_bessel(x, "j0", "j1")],
+    "y0": lambda x: [neg(_call("y1", x))],
+    "y1": lambda x: [sub(_call("y0", x), div(_call("y1", x), x))],
+    "cyl_bessel_i0": lambda x: [_call("cyl_bessel_i1", x)],
+    "cyl_bessel_i1": lambda x: [_partials_bessel(x, "cyl_bessel_i0", "cyl_bessel_i1")],
+    **{f: (lambda *args: [None] * len(args)) for f in
+       ("floor", "ceil", "rint", "round", "trunc", "nearbyint", "logb", "bitand", "bitor", "bitxor", "bitnot",
+        "shl", "shr")},
+}
+
+
+def _cube(x):
+    return A.Binary("*", A.Binary("*", x, x), x)
+
+
+# ---- symbolic differentiation of one right-hand side ------------------------------------------------------
+
+def read_key(e) -> tuple | None:
+    """The key of a float read: ``(tensor, args)`` of an access, ``(name, ())`` of a 0-d parameter; None for
+    anything else. Reads with equal keys read the same element, so they are one variable of the derivative."""
+    if isinstance(e, A.Access) and e.dtype in FLOATS:
+        return (e.tensor, e.args)
+    if isinstance(e, A.Ident) and e.kind == "scalar" and e.dtype in FLOATS:
+        return (e.name, ())
+    return None
+
+
+def float_reads(e) -> list:
+    """The distinct keys (:func:`read_key`) of the float reads in ``e`` that a derivative can flow through:
+    not those inside an index argument or a ``?:`` condition."""
+    found: list = []
+
+    def visit(x):
+        key = read_key(x)
+        if key is not None:
+            if key not in found:
+                found.append(key)
+            return
+        if isinstance(x, A.Access):
+            return
+        if isinstance(x, A.Select):
+            visit(x.then)
+            visit(x.other)
+            return
+        for c in A.children(x):
+            visit(c)
+
+    visit(e)
+    return found
+
+
+def derivative(e, key, where: str = ""):
+    """``d e / d read`` for the read with ``key`` (:func:`read_key`), as an expression, or None when it is 0.
+
+    Raises UnsupportedError for a builtin without a derivative here (``lgamma``, ``tgamma``), naming it."""
+    if read_key(e) == key:
+        return _lit(1.0)
+    if e.dtype not in FLOATS and e.dtype not in A.STORAGE_DTYPES:
+        return None
+    if isinstance(e, (A.Const, A.Ident, A.Access)):
+        return None
+    if isinstance(e, A.Cast):
+        inner = derivative(e.operand, key, where)
+        if inner is None or isinstance(inner, A.Const):
+            return inner
+        return A.Cast(e.to, inner)
+    if isinstance(e, A.Unary):
+        return neg(derivative(e.operand, key, where)) if e.op == "-" else None
+    if isinstance(e, A.Select):
+        return select(e.cond, derivative(e.then, key, where), derivative(e.other, key, where))
+    if isinstance(e, A.Binary):
+        da, db = derivative(e.lhs, key, where), derivative(e.rhs, key, where)
+        if e.op == "+":
+            return add(da, db)
+        if e.op == "-":
+            return sub(da, db)
+        if e.op == "*":
+            return add(mul(da, e.rhs), mul(e.lhs, db))
+        if e.op == "/":
+            return sub(div(da, e.rhs), mul(db, div(e.lhs, _sq(e.rhs))) if db is not None else None)
+        if e.op == "%":
+            return sub(da, mul(db, _call("floor", div(e.lhs, e.rhs))) if db is not None else None)
+        return None
+    if isinstance(e, A.Call):
+        partials = PARTIALS.get(e.func)
+        if partials is None:
+            raise UnsupportedError(f"{where}no derivative for the builtin '{e.func}' here",
+                                   e.span, hint="rewrite it with builtins that have one, or leave this input "
+                                                "out of wrt")
+        total = None
+        for arg, partial in zip(e.args, partials(*e.args)):
+            d = derivative(arg, key, where)
+            if d is not None and partial is not None:
+                total = add(total, mul(d, partial))
+        return total
+    return None
+
+
+# ---- integer index expressions ---------------------------------------------------------------------------
+
+def linear(e) -> dict | None:
+    """``e`` as ``{name: coefficient, 1: constant}`` when it is an integer affine combination of index names
+    and sizes (Idents), else None."""
+    if isinstance(e, A.Const):
+        if isinstance(e.value, bool) or not isinstance(e.value, int):
+            return None
+        return {1: e.value}
+    if isinstance(e, A.Ident):
+        return {e.name: 1} if e.kind in ("index", "size") else None
+    if isinstance(e, A.Cast):
+        return linear(e.operand) if e.to in ("int32", "int64") and e.operand.dtype in ("int32", "int64", None) \
+            else None
+    if isinstance(e, A.Unary) and e.op == "-":
+        inner = linear(e.operand)
+        return None if inner is None else {k: -v for k, v in inner.items()}
+    if isinstance(e, A.Binary) and e.op in ("+", "-", "*"):
+        a, b = linear(e.lhs), linear(e.rhs)
+        if a is None or b is None:
+            return None
+        if e.op == "*":
+            if set(a) <= {1}:
+                return {k: a.get(1, 0) * v for k, v in b.items()}
+            if set(b) <= {1}:
+                return {k: b.get(1, 0) * v for k, v in a.items()}
+            return None
+        sign = 1 if e.op == "+" else -1
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = out.get(k, 0) + sign * v
+        return out
+    return None
+
+
+def from_linear(terms: dict, kinds: dict):
+    """The expression of ``{name: coefficient, 1: constant}``: indices first, then sizes, then the constant.
+    ``kinds`` gives each name's Ident kind (``"index"`` or ``"size"``)."""
+    out = None
+    order = list(kinds)
+    names = sorted((k for k, v in terms.items() if k != 1 and v),
+                   key=lambda k: (kinds.get(k) != "index", terms[k] < 0, order.index(k) if k in order else 0))
+    for name in names:
+        c = terms[name]
+        term = A.Ident(name, kind=kinds.get(name, "index"), dtype="int32")
+        if abs(c) != 1:
+            term = A.Binary("*", A.Const(abs(c)), term)
+        out = term if out is None and c > 0 else (A.Unary("-", term) if out is None else
+                                                   A.Binary("+" if c > 0 else "-", out, term))
+    k = terms.get(1, 0)
+    if out is None:
+        return A.Const(k)
+    if k:
+        out = A.Binary("+" if k > 0 else "-", out, A.Const(abs(k)))
+    return out
+
+
+def substitute(e, sigma: dict):
+    """``e`` with each index Ident named in ``sigma`` replaced by its expression (one simultaneous pass), and
+    every integer affine access argument and comparison operand written in its simplest form."""
+    if isinstance(e, A.Ident) and e.kind == "index" and e.name in sigma:
+        return sigma[e.name]
+    kids = A.children(e)
+    if not kids:
+        return e
+    new = tuple(substitute(c, sigma) for c in kids)
+    if isinstance(e, A.Access):
+        new = tuple(_simplest(a) for a in new)
+    if isinstance(e, A.Binary) and e.op in ("<", "<=", ">", ">=", "==", "!=") and \
+            e.lhs.dtype in ("int32", "int64", None) and e.rhs.dtype in ("int32", "int64", None):
+        new = tuple(_simplest(a) for a in new)
+    return _with_children(e, new)
+
+
+def _simplest(e):
+    terms = linear(e)
+    if terms is None:
+        return e
+    kinds = {}
+    for x in A.walk(e):
+        if isinstance(x, A.Ident):
+            kinds.setdefault(x.name, x.kind)
+    return from_linear(terms, kinds)
+
+
+def _with_children(e, new):
+    if isinstance(e, (A.Unary, A.Cast)):
+        return dataclasses.replace(e, operand=new[0])
+    if isinstance(e, A.Binary):
+        return dataclasses.replace(e, lhs=new[0], rhs=new[1])
+    if isinstance(e, A.Select):
+        return dataclasses.replace(e, cond=new[0], then=new[1], other=new[2])
+    return dataclasses.replace(e, args=tuple(new))
+
+
+def _index(name):
+    return A.Ident(name, kind="index", dtype="int32")
+
+
+# ---- the gradient def -------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Gradient:
+    """The gradient of a def: ``definition`` (an untyped :class:`~polyc.lang.ast.Def`) and its ``source``;
+    ``seeds`` names one seed input per output of the forward def (``(output, seed)``), ``wrt`` one gradient
+    output per differentiated input (``(input, gradient)``); ``ranges`` lists, per forward statement (by
+    position), the range ``(lo, hi)`` expressions of sizes the gradient assumes for each of its indices."""
+
+    definition: A.Def
+    source: str
+    seeds: tuple[tuple[str, str], ...]
+    wrt: tuple[tuple[str, str], ...]
+    ranges: tuple[tuple[int, str, A.Expr, A.Expr], ...]
+
+
+def grad_def(checked: A.CheckedDef, wrt, name: str | None = None) -> Gradient:
+    """The gradient of ``checked`` with respect to the inputs named in ``wrt`` (see the module docstring).
+
+    The gradient def takes the forward inputs, then one seed ``d<Y>`` per forward output (the output's shape
+    and dtype), and returns ``d<A>`` for each ``A`` of ``wrt``, in that order. Raises PolycError for a name in
+    ``wrt`` that is not a float input, UnsupportedError (naming the statement or read) for what it cannot
+    differentiate."""
+    return _Builder(checked, tuple(wrt), name or f"{checked.name}_grad").build()
+
+
+class _Builder:
+    def __init__(self, checked: A.CheckedDef, wrt: tuple, name: str):
+        self.checked = checked
+        self.wrt = wrt
+        self.name = name
+        self.used = self._names()
+        self.statements: list[A.Statement] = []  # the backward statements, in order
+        self.started: set = set()                # adjoints written so far
+        self.assumed: list = []                  # (statement position, index, lo, hi)
+        self.shapes: dict = {}                   # tensor → extents (expressions of sizes)
+        self.ranges: list[dict] = []             # per forward statement: index → (lo, hi)
+        self.adjoint: dict = {}                  # tensor → its adjoint's name
+        self.seed_sizes: dict = {}
+
+    # -- names --
+    def _names(self) -> set:
+        used = set(A.BUILTINS) | {t.name for t in self.checked.tensors} | set(self.checked.sizes)
+        for cs in self.checked.statements:
+            used.update(cs.indices)
+        return used
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.used:
+            name, k = f"{base}_{k}", k + 1
+        self.used.add(name)
+        return name
+
+    def where(self, k: int) -> str:
+        span = self.checked.statements[k].stmt.span
+        return f"statement at {span.line}:{span.col}: " if span is not None else f"statement {k + 1}: "
+
+    # -- the steps --
+    def build(self) -> Gradient:
+        self.check_wrt()
+        self.infer_shapes()
+        edges = self.flows()
+        active = self.active(edges)
+        params = [A.Param(t.name, t.dtype, t.dims) for t in self.checked.inputs]
+        seeds = []
+        for out in self.checked.outputs:
+            seed = self.fresh(f"d{out.name}")
+            seeds.append((out.name, seed))
+            params.append(A.Param(seed, out.dtype, self.seed_dims(out.name, seed)))
+            self.adjoint[out.name] = seed
+        readers = {t: [k for k, (reads, _) in enumerate(edges) if t in reads] for t in active}
+        for out, seed in seeds:
+            if out in active and readers.get(out):
+                total = self.fresh(f"{seed}_total")
+                self.copy_seed(total, seed, out)
+                self.adjoint[out] = total
+        for t in self.checked.inputs:
+            if t.name in self.wrt:
+                self.adjoint[t.name] = self.fresh(f"d{t.name}")
+        for k in reversed(range(len(self.checked.statements))):
+            cs = self.checked.statements[k]
+            if cs.stmt.tensor in active:
+                self.backward(k, [key for key in edges[k][1] if key[0] in active])
+        outputs = []
+        for t in self.checked.inputs:
+            if t.name in self.wrt:
+                g = self.adjoint[t.name]
+                if g not in self.started:
+                    self.zero(g, t.name)
+                outputs.append(A.Output(g, t.dtype, t.dims))
+        body = self.recompute() + self.statements
+        definition = A.Def(self.name, tuple(params), tuple(outputs), tuple(body))
+        return Gradient(definition, format_def(definition) + "\n", tuple(seeds),
+                        tuple((t, self.adjoint[t]) for t in self.wrt), tuple(self.assumed))
+
+    def check_wrt(self):
+        inputs = {t.name: t for t in self.checked.inputs}
+        if not self.wrt:
+            raise PolycError("grad needs at least one input to differentiate with respect to (wrt=...)")
+        for name in self.wrt:
+            t = inputs.get(name)
+            if t is None:
+                raise PolycError(f"'{name}' is not an input of {self.checked.name}; its inputs are "
+                                 f"{', '.join(inputs)}", hint="wrt names inputs of the def")
+            if t.dtype in A.STORAGE_DTYPES:
+                raise UnsupportedError(f"input '{name}' is {t.dtype}: gradients are computed in float32 and "
+                                       "float64 only", hint="differentiate a float32 version of the def")
+            if t.dtype not in FLOATS:
+                raise PolycError(f"input '{name}' is {t.dtype}: only float inputs have a gradient",
+                                 hint="leave integer and bool inputs (indices, masks) out of wrt")
+        if len(set(self.wrt)) != len(self.wrt):
+            raise PolycError(f"wrt names an input twice: {', '.join(self.wrt)}")
+        for t in self.checked.tensors:
+            if t.role != "input" and t.dtype in A.STORAGE_DTYPES:
+                raise UnsupportedError(f"'{t.name}' is {t.dtype}: gradients are computed in float32 and "
+                                       "float64 only", hint="differentiate a float32 version of the def")
+
+    def infer_shapes(self):
+        """The extents of every tensor and the range of every index of every statement, as expressions of
+        sizes (TC's range inference where the def has no where clause)."""
+        for t in self.checked.tensors:
+            if t.dims is not None:
+                self.shapes[t.name] = tuple(A.Const(d.value) if isinstance(d.value, int) else
+                                            A.Ident(d.value, kind="size", dtype="int32") for d in t.dims)
+        for k, cs in enumerate(self.checked.statements):
+            stmt = cs.stmt
+            ranges = {}
+            for c in stmt.where:
+                if isinstance(c, A.RangeClause):
+                    ranges[c.index] = (self.sizes_only(c.lo), self.sizes_only(c.hi))
+            reads = [x for x in A.walk(stmt.rhs) if isinstance(x, A.Access)]
+            for c in stmt.where:
+                if isinstance(c, A.ExistsClause):
+                    reads += [x for x in A.walk(c.expr) if isinstance(x, A.Access)]
+            if stmt.tensor in self.shapes:
+                reads.append(A.Access(stmt.tensor, tuple(_index(i) for i in cs.lhs_indices)))
+            for index in cs.indices:
+                if index in ranges:
+                    continue
+                for r in reads:
+                    extents = self.shapes.get(r.tensor)
+                    if extents is None:
+                        continue
+                    hits = [p for p, a in enumerate(r.args) if isinstance(a, A.Ident) and a.name == index]
+                    if hits:
+                        ranges[index] = (A.Const(0), extents[hits[0]])
+                        break
+                else:
+                    raise UnsupportedError(f"{self.where(k)}cannot tell the range of index '{index}' without "
+                                           "range inference on sizes", stmt.span,
+                                           hint=f"give it a where clause, e.g. 'where {index} in 0:N'")
+            self.ranges.append(ranges)
+            for index, (lo, hi) in ranges.items():
+                self.assumed.append((k, index, lo, hi))
+            if stmt.tensor not in self.shapes:
+                lows = [ranges[i][0] for i in cs.lhs_indices]
+                if any(linear(lo) != {1: 0} and linear(lo) != {} for lo in lows):
+                    raise UnsupportedError(f"{self.where(k)}'{stmt.tensor}' starts at a non-zero index; its "
+                                           "gradient is not supported", stmt.span,
+                                           hint="write it with indices counting from 0")
+                self.shapes[stmt.tensor] = tuple(ranges[i][1] for i in cs.lhs_indices)
+
+    def sizes_only(self, e):
+        """``e`` with each dimension specifier ``T.k`` replaced by the extent it names."""
+        if isinstance(e, A.Ident) and e.kind == "size" and "." in e.name:
+            tensor, _, k = e.name.partition(".")
+            return self.shapes[tensor][int(k)]
+        kids = A.children(e)
+        return _with_children(e, tuple(self.sizes_only(c) for c in kids)) if kids else e
+
+    def flows(self):
+        """Per statement: the keys of the reads its written value depends on (a nonzero derivative) and the
+        statement's writers check (only one writer, or '=' / '+=!' first then '+=')."""
+        writers: dict = {}
+        for k, cs in enumerate(self.checked.statements):
+            writers.setdefault(cs.stmt.tensor, []).append(k)
+        for tensor, ks in writers.items():
+            ops = [self.checked.statements[k].stmt.op for k in ks]
+            if len(ks) > 1 and not (ops[0] in ("=", "+=!", "+=") and all(op == "+=" for op in ops[1:])):
+                raise UnsupportedError(f"{self.where(ks[1])}'{tensor}' is written by several statements "
+                                       f"({', '.join(ops)}); its gradient is supported for one statement, or "
+                                       "for '=' (or '+=!') followed by '+=' updates",
+                                       self.checked.statements[ks[1]].stmt.span,
+                                       hint="write the parts to separate temporaries and combine them")
+            if len(ks) == 1 and ops[0] == "*=":
+                raise UnsupportedError(f"{self.where(ks[0])}'*=' multiplies onto zeros; its gradient is 0",
+                                       self.checked.statements[ks[0]].stmt.span, hint="write '*=!'")
+        edges = []
+        for k, cs in enumerate(self.checked.statements):
+            where = self.where(k)
+            keys = [key for key in float_reads(cs.stmt.rhs) if derivative(cs.stmt.rhs, key, where) is not None]
+            edges.append(({key[0] for key in keys}, keys))
+        return [(reads, keys) for reads, keys in edges]
+
+    def active(self, edges) -> set:
+        """The tensors (and 0-d inputs) that depend on a wrt input and influence an output."""
+        varied = set(self.wrt)
+        for k, cs in enumerate(self.checked.statements):
+            if edges[k][0] & varied:
+                varied.add(cs.stmt.tensor)
+        useful = {t.name for t in self.checked.outputs}
+        for k in reversed(range(len(self.checked.statements))):
+            if self.checked.statements[k].stmt.tensor in useful:
+                useful |= edges[k][0]
+        return varied & useful
+
+    def seed_dims(self, out: str, seed: str):
+        dims = []
+        for k, e in enumerate(self.shapes[out]):
+            if isinstance(e, A.Const) and isinstance(e.value, int):
+                dims.append(A.Dim(e.value))
+            elif isinstance(e, A.Ident) and e.kind == "size" and "." not in e.name:
+                dims.append(A.Dim(e.name))
+            else:
+                size = self.fresh(f"{seed}_{k}")
+                self.seed_sizes[size] = (out, k)
+                dims.append(A.Dim(size))
+        return tuple(dims)
+
+    # -- emitting statements --
+    def copy_seed(self, total: str, seed: str, out: str):
+        """``total(i..) = seed(i..)`` over the output's shape: the start of an output's adjoint that later
+        statements read too."""
+        names = [self.fresh(f"i{p}") for p in range(len(self.shapes[out]))]
+        rhs = A.Access(seed, tuple(_index(n) for n in names))
+        clauses = tuple(A.RangeClause(n, A.Const(0), e) for n, e in zip(names, self.shapes[out]))
+        self.statements.append(A.Statement(total, tuple(A.IndexVar(n) for n in names), "=", rhs, clauses))
+        self.started.add(total)
+
+    def emit(self, tensor: str, indices, ranges: dict, rhs, guard=None):
+        """Append ``tensor(indices) op guard ? rhs : 0 where ranges``; ``op`` is '+=!' for the first write of
+        an adjoint, '+=' after."""
+        op = "+=" if tensor in self.started else "+=!"
+        self.started.add(tensor)
+        if guard is not None:
+            if isinstance(rhs, A.Select) and _is_lit(rhs.other, 0.0) and \
+                    not any(isinstance(x, A.Access) for x in A.walk(rhs.cond)):
+                guard, rhs = _and(guard, rhs.cond), rhs.then  # (reads in a condition are not guarded by it)
+            rhs = A.Select(guard, rhs, ZERO)
+        clauses = tuple(A.RangeClause(i, lo, hi) for i, (lo, hi) in ranges.items())
+        self.statements.append(A.Statement(tensor, tuple(A.IndexVar(i) for i in indices), op, rhs, clauses))
+
+    def zero(self, g: str, tensor: str):
+        names = [self.fresh(f"i{p}") for p in range(len(self.shapes[tensor]))]
+        clauses = tuple(A.RangeClause(n, A.Const(0), e) for n, e in zip(names, self.shapes[tensor]))
+        self.statements.append(A.Statement(g, tuple(A.IndexVar(n) for n in names), "=", ZERO, clauses))
+        self.started.add(g)
+
+    def backward(self, k: int, keys):
+        """The contributions of statement ``k`` to the adjoints of the reads ``keys``."""
+        cs = self.checked.statements[k]
+        stmt = cs.stmt
+        where = self.where(k)
+        seed = A.Access(self.adjoint[stmt.tensor], tuple(_index(i) for i in cs.lhs_indices))
+        lhs_value = A.Access(stmt.tensor, tuple(_index(i) for i in cs.lhs_indices))
+        op = stmt.reduction_op
+        factor = seed
+        if op in ("max=", "min="):
+            ties = self.fresh(f"{stmt.tensor}_ties")
+            hit = _cmp("==", stmt.rhs, lhs_value)
+            self.statements.append(A.Statement(ties, tuple(A.IndexVar(i) for i in cs.lhs_indices), "+=!",
+                                               A.Select(hit, _lit(1.0), ZERO), self.clauses(k)))
+            factor = A.Select(hit, div(seed, A.Access(ties, lhs_value.args)), ZERO)
+        elif op == "*=":
+            nonzero = self.fresh(f"{stmt.tensor}_nonzero")
+            zeros = self.fresh(f"{stmt.tensor}_zeros")
+            is_zero = _cmp("==", stmt.rhs, ZERO)
+            lhs = tuple(A.IndexVar(i) for i in cs.lhs_indices)
+            self.statements.append(A.Statement(nonzero, lhs, "*=!", A.Select(is_zero, _lit(1.0), stmt.rhs),
+                                               self.clauses(k)))
+            self.statements.append(A.Statement(zeros, lhs, "+=!", A.Select(is_zero, _lit(1.0), ZERO),
+                                               self.clauses(k)))
+            p = A.Access(nonzero, lhs_value.args)
+            z = A.Access(zeros, lhs_value.args)
+            others = A.Select(_cmp("==", z, ZERO), div(p, stmt.rhs),
+                              A.Select(_and(is_zero, _cmp("==", z, _lit(1.0))), p, ZERO))
+            factor = mul(seed, others)
+        for key in keys:
+            partial = derivative(stmt.rhs, key, where)
+            self.contribute(k, key, mul(factor, partial))
+
+    def clauses(self, k):
+        return tuple(A.RangeClause(i, lo, hi) for i, (lo, hi) in self.ranges[k].items())
+
+    def contribute(self, k: int, key, value):
+        """``dA(f(I)) += value(I)`` for the read ``A(f(I))`` (``key``) of statement ``k``, with its arguments
+        solved for pivot indices (module docstring)."""
+        cs = self.checked.statements[k]
+        tensor, args = key
+        if tensor not in self.adjoint:
+            self.adjoint[tensor] = self.fresh(f"d{tensor}")
+        target = self.adjoint[tensor]
+        extents = self.shapes.get(tensor, ())
+        ranges = self.ranges[k]
+        lhs_of_stmt = set(cs.lhs_indices)
+        sigma: dict = {}       # eliminated forward index → expression of the remaining ones
+        new_names: list = []   # the gradient's left-hand indices (placeholders until renamed)
+        guards: list = []      # conditions on forward indices (sigma applies at the end)
+        keep_range: dict = {}  # index → (lo, hi) of the gradient statement
+        pivot_of: dict = {}    # placeholder → the pivot index solved for it
+        placeholder = 0
+        for p, arg in enumerate(args):
+            e = substitute(arg, sigma) if sigma else arg
+            terms = linear(e)
+            if isinstance(e, A.Ident) and e.kind == "index" and e.name in ranges and e.name not in new_names:
+                new_names.append(e.name)
+                lo, hi = ranges[e.name]
+                if linear(lo) not in ({1: 0}, {}) or linear(hi) != linear(extents[p]):
+                    guards += [_cmp(">=", _index(e.name), lo), _cmp("<", _index(e.name), hi)]
+                keep_range[e.name] = (A.Const(0), extents[p])
+                continue
+            slot = f"@{placeholder}"
+            placeholder += 1
+            new_names.append(slot)
+            keep_range[slot] = (A.Const(0), extents[p])
+            candidates = [] if terms is None else \
+                [v for v, c in terms.items() if v != 1 and c and v in ranges and v not in new_names
+                 and v not in sigma]
+            if not candidates:
+                guards.append(_cmp("==", _index(slot), e))
+                continue
+            v = min(candidates, key=lambda x: (x not in lhs_of_stmt, abs(terms[x]) != 1, cs.indices.index(x)))
+            c = terms[v]
+            rest = {x: -y for x, y in terms.items() if x != v}
+            rest[slot] = 1
+            kinds = {x.name: x.kind for x in A.walk(e) if isinstance(x, A.Ident)}
+            kinds[slot] = "index"
+            numerator = from_linear(rest if c > 0 else {x: -y for x, y in rest.items()}, kinds)
+            if abs(c) == 1:
+                value_of_v = numerator
+            else:
+                value_of_v = A.Binary("/", numerator, A.Const(abs(c)))
+                guards.append(_cmp("==", A.Binary("%", numerator, A.Const(abs(c))), A.Const(0)))
+            lo, hi = ranges[v]
+            guards += [_cmp(">=", _index(v), lo), _cmp("<", _index(v), hi)]
+            sigma = {x: substitute(y, {v: value_of_v}) for x, y in sigma.items()}
+            sigma[v] = value_of_v
+            pivot_of[slot] = v
+        for i in cs.indices:
+            if i not in sigma and i not in keep_range:
+                keep_range[i] = ranges[i]
+        # final names: a pivot's gradient index takes the pivot's name, others a fresh one
+        rename = {slot: pivot_of.get(slot) or self.fresh("i") for slot in new_names if slot.startswith("@")}
+        sigma = {v: substitute(e, {s: _index(n) for s, n in rename.items()}) for v, e in sigma.items()}
+        for s, n in rename.items():
+            sigma.setdefault(s, _index(n))
+        guard = None
+        for g in guards:
+            g = substitute(g, sigma)
+            if not _trivial(g):
+                guard = _and(guard, g)
+        value = substitute(value, sigma)
+        indices = [rename.get(n, n) for n in new_names]
+        ranges_out = {rename.get(i, i): r for i, r in keep_range.items()}
+        ordered = {i: ranges_out[i] for i in indices}
+        ordered.update({i: r for i, r in ranges_out.items() if i not in ordered})
+        if value is not None:
+            self.emit(target, indices, ordered, value, guard)
+
+    def recompute(self) -> list:
+        """The forward statements whose tensors the backward statements read (and what those read), in order;
+        an output's first '+=' becomes '+=!' (it is a temporary here, and temporaries start with a set)."""
+        needed = set()
+        for s in self.statements:
+            for x in A.walk(s.rhs):
+                if isinstance(x, A.Access):
+                    needed.add(x.tensor)
+        forward = {cs.stmt.tensor for cs in self.checked.statements}
+        keep = [False] * len(self.checked.statements)
+        for k in reversed(range(len(self.checked.statements))):
+            cs = self.checked.statements[k]
+            if cs.stmt.tensor in needed:
+                keep[k] = True
+                for x in A.walk(cs.stmt.rhs):
+                    if isinstance(x, A.Access) and x.tensor in forward:
+                        needed.add(x.tensor)
+        out, seen = [], set()
+        for k, cs in enumerate(self.checked.statements):
+            if not keep[k]:
+                continue
+            stmt = cs.stmt
+            op = stmt.op
+            if stmt.tensor not in seen and op in ("+=", "max=", "min="):
+                if op != "+=":
+                    raise UnsupportedError(f"{self.where(k)}'{op}' starts from zeros; the gradient needs "
+                                           f"'{op}!'", stmt.span, hint=f"write '{op}!'")
+                op = "+=!"
+            seen.add(stmt.tensor)
+            where = tuple(c for c in stmt.where if not isinstance(c, A.LetClause))
+            out.append(A.Statement(stmt.tensor, stmt.indices, op, stmt.rhs, where))
+        return out
+
+
+def _trivial(g) -> bool:
+    """Whether a comparison of two equal integer expressions (``i == i``, ``i >= i``) is always true."""
+    return isinstance(g, A.Binary) and g.op in ("==", ">=", "<=") and linear(g.lhs) is not None and \
+        linear(g.lhs) == linear(g.rhs)
