@@ -483,15 +483,18 @@ class _Builder:
             seeds.append((out.name, seed))
             params.append(A.Param(seed, out.dtype, self.seed_dims(out.name, seed)))
             self.adjoint[out.name] = seed
+            self.shapes[seed] = self.shapes[out.name]
         readers = {t: [k for k, (reads, _) in enumerate(edges) if t in reads] for t in active}
         for out, seed in seeds:
             if out in active and readers.get(out):
                 total = self.fresh(f"{seed}_total")
                 self.copy_seed(total, seed, out)
                 self.adjoint[out] = total
+                self.shapes[total] = self.shapes[out]
         for t in self.checked.inputs:
             if t.name in self.wrt:
                 self.adjoint[t.name] = self.fresh(f"d{t.name}")
+                self.shapes[self.adjoint[t.name]] = self.shapes[t.name]
         for k in reversed(range(len(self.checked.statements))):
             cs = self.checked.statements[k]
             if cs.stmt.tensor in active:
@@ -642,10 +645,11 @@ class _Builder:
         self.statements.append(A.Statement(total, tuple(A.IndexVar(n) for n in names), "=", rhs, clauses))
         self.started.add(total)
 
-    def emit(self, tensor: str, indices, ranges: dict, rhs, guard=None):
-        """Append ``tensor(indices) op guard ? rhs : 0 where ranges``; ``op`` is '+=!' for the first write of
-        an adjoint, '+=' after."""
-        op = "+=" if tensor in self.started else "+=!"
+    def emit(self, tensor: str, indices, ranges: dict, rhs, guard=None, first: str = "+=!"):
+        """Append ``tensor(indices) op guard ? rhs : 0 where ranges``; ``op`` is ``first`` ('+=!', or '=' for
+        a write with no reduction indices over the whole tensor) for the first write of an adjoint, '+='
+        after."""
+        op = "+=" if tensor in self.started else first
         self.started.add(tensor)
         if guard is not None:
             if isinstance(rhs, A.Select) and _is_lit(rhs.other, 0.0) and \
@@ -704,6 +708,7 @@ class _Builder:
         tensor, args = key
         if tensor not in self.adjoint:
             self.adjoint[tensor] = self.fresh(f"d{tensor}")
+            self.shapes[self.adjoint[tensor]] = self.shapes[tensor]
         target = self.adjoint[tensor]
         extents = self.shapes.get(tensor, ())
         ranges = self.ranges[k]
@@ -770,7 +775,67 @@ class _Builder:
         ordered = {i: ranges_out[i] for i in indices}
         ordered.update({i: r for i, r in ranges_out.items() if i not in ordered})
         if value is not None:
-            self.emit(target, indices, ordered, value, guard)
+            self.emit_contraction(k, target, indices, ordered, value, guard)
+
+    # -- the layout of a contraction --
+    def windows(self, k: int) -> set:
+        """The window indices of forward statement ``k``: reduction indices that an argument adds to one of its
+        left-hand indices (``kw`` in ``X(n, c, h + kh, w + kw)``): few values, poor vector loops."""
+        cs = self.checked.statements[k]
+        found = set()
+        for x in A.walk(cs.stmt.rhs):
+            if isinstance(x, A.Access):
+                for arg in x.args:
+                    terms = linear(arg) or {}
+                    if any(i in terms for i in cs.lhs_indices):
+                        found |= {i for i in cs.reduction_indices if i in terms}
+        return found
+
+    def emit_contraction(self, k: int, target: str, indices: list, ranges: dict, value, guard):
+        """Emit a gradient statement in a layout its vector loop suits. The CPU strategy register-tiles a
+        contraction (a statement with reduction indices) like a GEMM along its vector index ``v``, the write's
+        innermost index, when every read has ``v`` as its last, stride-1 argument or lacks it -- or, for one
+        read of a tensor with plain indices, after packing that read transposed
+        (:func:`polyc.poly.strategy.choose_members`). When the written tensor's last index is a poor ``v`` (a
+        window index of a convolution's weight gradient, ``kw``: 3 values; or one that some read has in a
+        compound argument that cannot be packed), the sum goes to a copy of the adjoint whose last index is
+        the best left-hand index -- windows last, fewest reads in the way, then the write's own last index --
+        and is transposed back into it afterwards (one pass over the adjoint, against the contraction's pass
+        per reused element)."""
+        reductions = [i for i in ranges if i not in indices]
+        if not reductions or not indices:
+            return self.emit(target, indices, ranges, value, guard)
+        reads = [x for x in A.walk(value) if isinstance(x, A.Access) and x.tensor in self.shapes]
+        windows = self.windows(k)
+
+        def cost(v):
+            bad = moves = 0
+            for read in reads:
+                terms = [linear(a) for a in read.args]
+                dims = [p for p, t in enumerate(terms) if t is None or v in t]
+                if not dims:
+                    continue
+                last = len(read.args) - 1
+                if dims == [last] and terms[last] is not None and abs(terms[last][v]) == 1:
+                    continue
+                plain = all(isinstance(a, A.Ident) or (isinstance(a, A.Const) and type(a.value) is int)
+                            for a in read.args)
+                if plain and len(dims) == 1:
+                    moves += 1
+                else:
+                    bad += 1
+            return bad + max(0, moves - 1), moves
+
+        candidates = [v for v in indices if v not in windows] or list(indices)
+        best = min(candidates, key=lambda v: (cost(v), v != indices[-1], -indices.index(v)))
+        if best == indices[-1] or cost(best) >= cost(indices[-1]) and indices[-1] not in windows:
+            return self.emit(target, indices, ranges, value, guard)
+        order = [i for i in indices if i != best] + [best]
+        partial = self.fresh(f"{target}_t")
+        self.shapes[partial] = tuple(ranges[i][1] for i in order)
+        self.emit(partial, order, {i: ranges[i] for i in order} | ranges, value, guard)
+        self.emit(target, indices, {i: ranges[i] for i in indices},
+                  A.Access(partial, tuple(_index(i) for i in order)), first="=")
 
     def recompute(self) -> list:
         """The forward statements whose tensors the backward statements read (and what those read), in order;

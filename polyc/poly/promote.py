@@ -8,7 +8,9 @@ carries it out on the Scop and the schedule tree, as PPCG and AKG do promotion, 
   ``{ P0[nb, k, nl] : 0 <= k < K and 0 <= nl < 32 and 32 nb + nl < N }`` writes ``B__p0[nb, k, nl]`` and
   reads ``B[k, 32 nb + nl]`` (a convolution's filter ``W(c, kh, kw, m)`` becomes ``W__p0[mb, c, kh, kw, ml]``);
 - the packed read rewritten: ``B(k, n)`` becomes ``B__p0(n / 32, k, n % 32)`` in the statement's expression
-  and its access relation (``{ S1[m, n, k] -> B__p0[floor(n/32), k, n mod 32] }``);
+  and its access relation (``{ S1[m, n, k] -> B__p0[floor(n/32), k, n mod 32] }``); a transposed packing
+  (``Packing.position``, the vector index in another dimension) moves that dimension: ``B(k, n)`` packed along
+  ``k`` is ``B__p0(k / 32, n, k % 32)``, so the vector loop along ``k`` reads consecutive elements;
 - the schedule: ``sequence(P0's band [nb, k, nl], the transformed tree)`` (``isl_schedule_sequence``), the
   copy's ``nl`` loop marked ``vector`` and its ``nb`` loop ``parallel`` like the kernel's.
 
@@ -47,7 +49,7 @@ def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], t
     copies = []
     for k, packing in enumerate(packings):
         source = scop.tensor(packing.read.tensor)
-        if source.name in constants and source.role == "input" \
+        if source.name in constants and source.role == "input" and packing.position in (-1, len(source.shape) - 1) \
                 and sole_read(scop, packing.statement, packing.read):
             packed = Tensor(source.name, source.dtype, _packed_shape(source.shape, packing.block), "input",
                             packing.block)
@@ -66,9 +68,12 @@ def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], t
     return promoted, schedule
 
 
-def _packed_shape(shape: tuple, block: int) -> tuple:
-    """The panel-major shape of a tensor of ``shape`` packed in panels of ``block`` along its last dim."""
-    return (-(-shape[-1] // block),) + tuple(shape[:-1]) + (block,)
+def _packed_shape(shape: tuple, block: int, position: int = -1) -> tuple:
+    """The panel-major shape of a tensor of ``shape`` packed in panels of ``block`` along its dim ``position``
+    (-1: the last): ``(ceil(shape[position] / block), the other extents in order, block)``."""
+    position %= len(shape)
+    rest = tuple(e for d, e in enumerate(shape) if d != position)
+    return (-(-shape[position] // block),) + rest + (block,)
 
 
 def packed_array(array, block: int):
@@ -85,26 +90,30 @@ def packed_array(array, block: int):
 
 
 def _copy_statement(scop: Scop, packing: Packing, source: Tensor, name: str, stmt_name: str):
-    """The local tensor and the copy statement of ``packing`` (see the module docstring)."""
+    """The local tensor and the copy statement of ``packing`` (see the module docstring); a packing along a
+    dimension other than the last (``packing.position``) copies the read transposed."""
     nr = packing.block
-    shape = _packed_shape(source.shape, nr)
-    n = source.shape[-1]
+    position = packing.position % len(source.shape)
+    shape = _packed_shape(source.shape, nr, position)
+    n = source.shape[position]
     local = Tensor(name, source.dtype, shape, "local")
-    indices = tuple(f"p{d}" for d in range(len(shape)))  # [vb, a_1 .. a_{p-1}, vl]
+    indices = tuple(f"p{d}" for d in range(len(shape)))  # [vb, the other dims in order, vl]
     vb, *lead, vl = indices
     dims = ", ".join(indices)
     bounds = [f"0 <= {i} < {e}" for i, e in zip(indices, shape)] + [f"{nr}*{vb} + {vl} < {n}"]
     domain = isl.Set(f"{{ {stmt_name}[{dims}] : {' and '.join(bounds)} }}")
-    source_args = ", ".join(lead + [f"{nr}*{vb} + {vl}"])
+    source_texts = list(lead)
+    source_texts.insert(position, f"{nr}*{vb} + {vl}")
     write = isl.Map(f"{{ {stmt_name}[{dims}] -> {isl_name(name)}[{dims}] }}").intersect_domain(domain)
-    reads = isl.UnionMap(f"{{ {stmt_name}[{dims}] -> {isl_name(source.name)}[{source_args}] }}")
+    reads = isl.UnionMap(f"{{ {stmt_name}[{dims}] -> {isl_name(source.name)}[{', '.join(source_texts)}] }}")
     reads = reads.intersect_domain(isl.UnionSet.from_set(domain))
 
     def ident(i):
         return L.Ident(i, None, "int32", "index")
 
-    args = [ident(i) for i in lead] + [L.Binary("+", L.Binary("*", L.Const(nr, None, "int32"), ident(vb), None,
-                                                              "int32"), ident(vl), None, "int32")]
+    args = [ident(i) for i in lead]
+    args.insert(position, L.Binary("+", L.Binary("*", L.Const(nr, None, "int32"), ident(vb), None, "int32"),
+                                   ident(vl), None, "int32"))
     rhs = L.Access(source.name, tuple(args), None, source.dtype)
     copy = PolyStatement(stmt_name, indices, domain, name, indices, "=", rhs, write, reads, None, frozenset([rhs]))
     return local, copy
@@ -114,8 +123,10 @@ def _rewrite(stmt: PolyStatement, packing: Packing, local: Tensor, sizes: dict) 
     """``stmt`` reading ``local`` where it read ``packing.read``."""
     nr = packing.block
     args = packing.read.args
-    v = args[-1]
-    new_args = ((L.Binary("/", v, L.Const(nr, None, "int32"), None, "int32"),) + tuple(args[:-1])
+    position = packing.position % len(args)
+    v = args[position]
+    others = tuple(a for d, a in enumerate(args) if d != position)
+    new_args = ((L.Binary("/", v, L.Const(nr, None, "int32"), None, "int32"),) + others
                 + (L.Binary("%", v, L.Const(nr, None, "int32"), None, "int32"),))
     new_read = L.Access(local.name, new_args, packing.read.span, packing.read.dtype)
     rhs = _replace(stmt.rhs, packing.read, new_read)

@@ -207,19 +207,31 @@ def access_strides(stmt: PolyStatement, scop: Scop, index: str):
     return write, reads
 
 
-def choose_members(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop):
-    """``(u, v)``: the unroll and vector members of the band (positions, or ``None``)."""
+def choose_members(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop, transpose: bool = True):
+    """``(u, v, read)``: the unroll and vector members of the band (positions, or ``None``), and the read that
+    must be packed transposed for ``v`` to vectorize (None when every read already has a stride of 0 to
+    :data:`MAX_READ_STRIDE` along it). With ``transpose``, a write-stride-1 member whose only obstacle is one
+    read of an input that runs along another index (``B(k, n)`` for ``v = k`` in ``C(m, k) += A(m, n) *
+    B(k, n)``: a GEMM with a transposed operand; a convolution's weight gradient) qualifies when that read
+    can be packed with ``v`` innermost (:func:`transposable`); step 6 then packs it. Ties for ``u`` go to the
+    member of largest extent (the most rows to reuse a loaded vector on), then to the later member."""
     coincident = band_coincident(node)
+    extents = band_extents(node)
     index_of = [member_index(node, k, stmt) for k in range(node.band_n_member())]
-    v = None
+    v = transposed = None
     for k in range(node.band_n_member()):
         if not coincident[k] or index_of[k] is None or index_of[k] not in stmt.lhs:
             continue
         write, reads = access_strides(stmt, scop, index_of[k])
-        if write == 1 and all(r is not None and 0 <= r <= MAX_READ_STRIDE for r in reads):
-            v = k
+        if write != 1:
+            continue
+        far = [a for a, r in zip(accesses_in(stmt.rhs), reads) if not (r is not None and 0 <= r <= MAX_READ_STRIDE)]
+        if not far:
+            v, transposed = k, None
+        elif transpose and len(far) == 1 and transposable(far[0], index_of[k], stmt, scop) and v is None:
+            v, transposed = k, far[0]
     if v is None:
-        return None, None
+        return None, None, None
     vector_reads = [a for a, s in zip(accesses_in(stmt.rhs), access_strides(stmt, scop, index_of[v])[1]) if s]
     best, u = 0, None
     for k in range(node.band_n_member()):
@@ -228,9 +240,23 @@ def choose_members(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop):
         invariant = sum(
             element_stride(a.args, scop.tensor(a.tensor).shape, index_of[k], stmt.indices, scop.sizes) == 0
             for a in vector_reads)
-        if invariant > best or (invariant == best and u is not None and invariant > 0):
+        if invariant > best or (invariant == best and u is not None and invariant > 0
+                                and extents[k] >= extents[u]):
             best, u = invariant, k
-    return u, v
+    return u, v, transposed
+
+
+def transposable(read: L.Access, v_index: str, stmt: PolyStatement, scop: Scop) -> bool:
+    """Whether ``read`` can be packed with ``v_index`` innermost (:class:`Packing` with a ``position``): a read
+    of a tensor no statement writes, with distinct plain indices and integer literals, ``v_index`` one of
+    them, and some reduction index among them (the packed copy is then reused across the register tile's
+    rows instead of being a copy of what the kernel reads once)."""
+    if read.tensor in {s.tensor for s in scop.statements} or len(read.args) < 2:
+        return False
+    if not all(_plain_index(a) or _constant_index(a) for a in read.args):
+        return False
+    names = [a.name for a in read.args if _plain_index(a)]
+    return len(set(names)) == len(names) and v_index in names and any(n not in stmt.lhs for n in names)
 
 
 def streams_rows(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop, v: int, R: list[int]) -> bool:
@@ -456,20 +482,25 @@ def split_for_threads(order, coincident, extents, tiles, multiple, n_threads: in
 
 
 def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target, options: Options,
-                  parallel: bool, constants: frozenset = frozenset(), split: bool = True):
+                  parallel: bool, constants: frozenset = frozenset(), split: bool = True, transpose: bool = True):
     """Steps 1-6 on one outermost band; returns ``(node of the new tree, Packing or None)``. ``deps``
     (every dependence) keeps the loop distributions of steps 4-5 legal (:func:`~polyc.poly.transforms.band_sink`
     raises CompileError when one cannot be). ``split``: a band whose vector member ends in a partial tile of
     more pieces than a full one is first split in two (:func:`split_partial_tile`), each part optimized on
-    its own."""
+    its own. ``transpose``: a vector member may need a read packed transposed (:func:`choose_members`); when
+    the band cannot take that packing it is optimized again without."""
     stmt = main_statement(node, scop)
     if stmt is None or not node.band_get_permutable():
         return simple_band(node, options, parallel), None
     coincident = band_coincident(node)
     n = node.band_n_member()
-    u, v = choose_members(node, stmt, scop) if (options.vectorize or options.register_tile) else (None, None)
+    u, v, transposed = choose_members(node, stmt, scop, transpose) \
+        if (options.vectorize or options.register_tile) else (None, None, None)
     if not options.register_tile:
         u = None
+    if transposed is not None and (u is None or options.promote is False or not options.vectorize
+                                   or all(i in stmt.lhs for i in stmt.indices)):
+        return optimize_band(node, scop, deps, target, options, parallel, constants, split, transpose=False)
     reduction_member = choose_reduction_member(node, stmt, scop) if v is None and options.vectorize else None
     # members of one value first: they generate no loop, so the next member's loop is the outermost one
     P = sorted((k for k in range(n) if coincident[k] and k not in (u, v)), key=lambda k: band_extents(node)[k] > 1)
@@ -487,9 +518,10 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
         if parts is not None:
             path = path_of(parts)
             done, packing = optimize_band(parts.child(0).child(0), scop, deps, target, options, parallel,
-                                          constants, split=False)
+                                          constants, split=False, transpose=transpose)
             rest = node_at(done.get_schedule(), path).child(1).child(0)
-            done, _ = optimize_band(rest, scop, deps, target, options, parallel, constants, split=False)
+            done, _ = optimize_band(rest, scop, deps, target, options, parallel, constants, split=False,
+                                    transpose=transpose)
             return node_at(done.get_schedule(), path), packing
     itemsize = L.itemsize(scop.tensor(stmt.tensor).dtype)
     in_band = {member_index(node, k, stmt) for k in range(n)}
@@ -511,7 +543,13 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     for k in P + ([u] if u is not None else []):
         rows *= extents[k]
     packing = None
-    if u is not None and v is not None and any(i not in stmt.lhs for i in stmt.indices) \
+    if transposed is not None:
+        if options.tile and tiles[order.index(v)] % nr:
+            return optimize_band(node, scop, deps, target, options, parallel, constants, split, transpose=False)
+        v_index = member_index(node, v, stmt)
+        position = [a.name if _plain_index(a) else None for a in transposed.args].index(v_index)
+        packing = Packing(stmt.name, transposed, v_index, nr, position)
+    elif u is not None and v is not None and any(i not in stmt.lhs for i in stmt.indices) \
             and options.promote is not False:
         packing = choose_packing(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt), nr,
                                  tiles[order.index(v)] if options.tile else None, -(-rows // mr),
@@ -570,12 +608,17 @@ class Packing:
     columns is contiguous, so the micro-kernel's reduction loops read ``block`` consecutive elements per step
     (GotoBLAS's packed B panel; a convolution's filter block). ``block`` is the register tile's width NR, and
     the vector loop's lanes never leave one block: its tiles start at multiples of NR.
+
+    ``position`` is the dimension of the read that ``index`` addresses, -1 for the last. Another one packs
+    the read *transposed*: ``B(k, n)`` with ``index = k`` (position 0) becomes ``B__p(k / block, n, k %
+    block)``, so a vector loop along ``k`` reads consecutive elements (:func:`choose_members`).
     """
 
     statement: str
     read: L.Access
     index: str
     block: int
+    position: int = -1
 
 
 def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index: str | None, nr: int,
