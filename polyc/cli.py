@@ -9,6 +9,7 @@
     polyc tune FILE.tc --def NAME --sizes M=64,N=64,K=64 [--budget S] [--trials N] [--strategy S] [--ray ADDR]
     polyc tune MODEL.onnx [--budget S] ...       (every distinct kernel, S seconds each)
     polyc tune --show                             (the records, per kernel the default and the best)
+    polyc grad FILE.tc --def NAME --wrt A,B [-o GRAD.tc] [--name NAME]   (the gradient def, for polyc show/run)
 
 Errors of the compiler and of the command line are printed as their message (no traceback) with exit status
 1; so is a bundled model whose output does not match the expected output shipped with it.
@@ -301,6 +302,21 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def cmd_grad(args) -> int:
+    from .kernel import define, grad
+
+    forward = define(read_source(args.file), args.def_name, filename=args.file)
+    wrt = [w.strip() for w in args.wrt.split(",") if w.strip()]
+    text = grad(forward, wrt, args.name).source
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(args.output)
+    else:
+        print(text, end="")
+    return 0
+
+
 def _positive(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -367,8 +383,17 @@ def main(argv=None) -> int:
     p.add_argument("--ray", default=None, help="measure on Ray: 'auto', 'local' or a cluster address")
     p.add_argument("--threads", type=_positive, default=None, help="threads the kernels run with")
     p.add_argument("--show", action="store_true", help="print the records (per kernel, default and best)")
+    what = ("write the gradient of a def of a .tc file as a def (reverse mode, polyc.grad): it takes the inputs, "
+            "then one seed dY per output, and returns the gradients of the --wrt inputs")
+    p = sub.add_parser("grad", help=what, description=what)
+    p.add_argument("file", help="a .tc file")
+    p.add_argument("--def", dest="def_name", default=None, help="the def to differentiate when the file has several")
+    p.add_argument("--wrt", required=True, help="the inputs to differentiate with respect to, e.g. A,B")
+    p.add_argument("--name", default=None, help="the gradient def's name (default: NAME_grad)")
+    p.add_argument("-o", "--output", default=None, help="write the def to this file instead of printing it")
     args = parser.parse_args(argv)
-    commands = {"show": cmd_show, "run": cmd_run, "compile": cmd_compile, "export": cmd_export, "tune": cmd_tune}
+    commands = {"show": cmd_show, "run": cmd_run, "compile": cmd_compile, "export": cmd_export, "tune": cmd_tune,
+                "grad": cmd_grad}
     try:
         return commands[args.command](args) or 0
     except PolycError as exc:

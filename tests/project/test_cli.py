@@ -163,3 +163,17 @@ def test_run_feeds_words_to_a_string_input(capsys, tmp_path):
     assert "on the host (strings): StringNormalizer 1" in printed
     words = printed.split("output y: string[3] first=")[1].splitlines()[0]
     assert re.fullmatch(r"\['[A-Z]{6}', '[A-Z]{6}', '[A-Z]{6}'\]", words)
+
+
+def test_grad_writes_a_def_that_show_and_run_take(capsys, tmp_path):
+    out = tmp_path / "g.tc"
+    assert main(["grad", CONV2D, "--def", "conv2d_s2", "--wrt", "X,F", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("def conv2d_s2_grad(") and "-> (float32(N, C, H, W) dX, float32(M, C, KH, KW) dF)" in text
+    sizes = "N=1,C=2,H=9,W=9,M=3,KH=3,KW=3,dY_2=4,dY_3=4"
+    assert main(["show", str(out), "--sizes", sizes, "--stage", "ast"]) == 0
+    assert "// vector" in capsys.readouterr().out
+    assert main(["run", str(out), "--sizes", sizes, "--runs", "2"]) == 0
+    assert "dF: float32[3, 2, 3, 3]" in capsys.readouterr().out
+    assert main(["grad", CONV2D, "--def", "conv2d_s2", "--wrt", "Z"]) == 1
+    assert "'Z' is not an input" in capsys.readouterr().err
