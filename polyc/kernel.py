@@ -575,8 +575,8 @@ def grad(kernel: Kernel, wrt, name: str | None = None, options: Options | None =
         >>> mm = polyc.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }")
         >>> print(polyc.grad(mm, wrt=("A", "B")).source)   # doctest: +NORMALIZE_WHITESPACE
         def mm_grad(float32(M, K) A, float32(K, N) B, float32(M, N) dC) -> (float32(M, K) dA, float32(K, N) dB) {
-            dB(k, n) +=! A(m, k) * dC(m, n) where k in 0:K, n in 0:N, m in 0:M
             dA(m, k) +=! dC(m, n) * B(k, n) where m in 0:M, k in 0:K, n in 0:N
+            dB(k, n) +=! dC(m, n) * A(m, k) where k in 0:K, n in 0:N, m in 0:M
         }
 
     Raises PolycError for a ``wrt`` name that is not a float input, UnsupportedError (naming the statement or

@@ -42,375 +42,12 @@ argument at a time.
 from __future__ import annotations
 
 import dataclasses
-import math
 
-from ..errors import UnsupportedError, PolycError
+from ..errors import PolycError, UnsupportedError
 from . import ast as A
+from .derivative import (FLOATS, ZERO, and_, cmp, derivative, div, float_reads, from_linear, index_var, is_lit,
+                         linear, lit, mul, substitute, trivial, with_children, without_implied)
 from .printer import format_def
-
-FLOATS = ("float32", "float64")
-
-
-# ---- expressions with a zero: None stands for 0 -------------------------------------------------------------
-
-def _lit(value: float) -> A.Const:
-    return A.Const(float(value))
-
-
-ZERO = _lit(0.0)
-
-
-def _is_lit(e, value) -> bool:
-    return isinstance(e, A.Const) and not isinstance(e.value, bool) and e.value == value
-
-
-def _call(func, *args) -> A.Call:
-    return A.Call(func, tuple(args))
-
-
-def add(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    if isinstance(b, A.Unary) and b.op == "-":
-        return A.Binary("-", a, b.operand)
-    return A.Binary("+", a, b)
-
-
-def neg(a):
-    if a is None:
-        return None
-    if isinstance(a, A.Unary) and a.op == "-":
-        return a.operand
-    return A.Unary("-", a)
-
-
-def sub(a, b):
-    return add(a, neg(b))
-
-
-def mul(a, b):
-    """``a * b``; a ``?:`` with a zero branch takes the product into its other branch (so a guard stays at the
-    top of a gradient's right-hand side, where the polyhedral model moves it into the iteration domain)."""
-    if a is None or b is None or _is_lit(a, 0.0) or _is_lit(b, 0.0):
-        return None
-    if _is_lit(a, 1.0):
-        return b
-    if _is_lit(b, 1.0):
-        return a
-    if isinstance(a, A.Select) and _is_lit(a.other, 0.0):
-        return select(a.cond, mul(a.then, b), None)
-    if isinstance(b, A.Select) and _is_lit(b.other, 0.0):
-        return select(b.cond, mul(a, b.then), None)
-    if isinstance(a, A.Unary) and a.op == "-":
-        return neg(mul(a.operand, b))
-    if isinstance(b, A.Unary) and b.op == "-":
-        return neg(mul(a, b.operand))
-    return A.Binary("*", a, b)
-
-
-def div(a, b):
-    if a is None:
-        return None
-    return A.Binary("/", a, b)
-
-
-def select(cond, a, b):
-    if a is None and b is None:
-        return None
-    return A.Select(cond, ZERO if a is None else a, ZERO if b is None else b)
-
-
-def _and(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return A.Binary("&&", a, b)
-
-
-def _cmp(op, a, b):
-    return A.Binary(op, a, b)
-
-
-# ---- derivatives of the builtins -------------------------------------------------------------------------
-
-_SQRT_PI_2 = 2 / math.sqrt(math.pi)      # d erf
-_LN10, _LN2 = math.log(10), math.log(2)
-
-
-def _split(a, b, first):
-    """The even split of ``max``/``min`` at a tie: 1 for the argument chosen, 0.5 each when equal."""
-    win, lose = (">", "<") if first else ("<", ">")
-    return A.Select(_cmp(win, a, b), _lit(1.0), A.Select(_cmp(lose, a, b), _lit(0.0), _lit(0.5)))
-
-
-def _sq(x):
-    return A.Binary("*", x, x)
-
-
-def _partials_bessel(x, f0, f1):
-    """d f1(x) = f0(x) - f1(x)/x, with its limit 0.5 at 0 (for J1 and I1)."""
-    return A.Select(_cmp("==", x, _lit(0.0)), _lit(0.5), sub(_call(f0, x), div(_call(f1, x), x)))
-
-
-#: builtin → function of its argument expressions giving one partial derivative per argument (None: 0).
-PARTIALS = {
-    "exp": lambda x: [_call("exp", x)],
-    "expm1": lambda x: [_call("exp", x)],
-    "exp2": lambda x: [mul(_lit(_LN2), _call("exp2", x))],
-    "exp10": lambda x: [mul(_lit(_LN10), _call("exp10", x))],
-    "log": lambda x: [div(_lit(1.0), x)],
-    "log1p": lambda x: [div(_lit(1.0), add(_lit(1.0), x))],
-    "log2": lambda x: [div(_lit(1.0), mul(x, _lit(_LN2)))],
-    "log10": lambda x: [div(_lit(1.0), mul(x, _lit(_LN10)))],
-    "sqrt": lambda x: [div(_lit(0.5), _call("sqrt", x))],
-    "rsqrt": lambda x: [div(mul(_lit(-0.5), _call("rsqrt", x)), x)],
-    "cbrt": lambda x: [div(_call("cbrt", x), mul(_lit(3.0), x))],
-    "rcbrt": lambda x: [div(mul(_lit(-1.0), _call("rcbrt", x)), mul(_lit(3.0), x))],
-    "tanh": lambda x: [sub(_lit(1.0), _sq(_call("tanh", x)))],
-    "sigmoid": lambda x: [mul(_call("sigmoid", x), sub(_lit(1.0), _call("sigmoid", x)))],
-    "fabs": lambda x: [A.Select(_cmp(">", x, ZERO), _lit(1.0), A.Select(_cmp("<", x, ZERO), _lit(-1.0), ZERO))],
-    "abs": lambda x: [A.Select(_cmp(">", x, ZERO), _lit(1.0), A.Select(_cmp("<", x, ZERO), _lit(-1.0), ZERO))],
-    "fmax": lambda a, b: [_split(a, b, True), _split(b, a, True)],
-    "max": lambda a, b: [_split(a, b, True), _split(b, a, True)],
-    "fmin": lambda a, b: [_split(a, b, False), _split(b, a, False)],
-    "min": lambda a, b: [_split(a, b, False), _split(b, a, False)],
-    "fma": lambda a, b, c: [b, a, _lit(1.0)],
-    "pow": lambda a, b: [mul(b, _call("pow", a, sub(b, _lit(1.0)))), mul(_call("pow", a, b), _call("log", a))],
-    "erf": lambda x: [mul(_lit(_SQRT_PI_2), _call("exp", neg(_sq(x))))],
-    "erfc": lambda x: [mul(_lit(-_SQRT_PI_2), _call("exp", neg(_sq(x))))],
-    "erfcx": lambda x: [sub(mul(mul(_lit(2.0), x), _call("erfcx", x)), _lit(_SQRT_PI_2))],
-    "erfinv": lambda x: [mul(_lit(1 / _SQRT_PI_2), _call("exp", _sq(_call("erfinv", x))))],
-    "erfcinv": lambda x: [mul(_lit(-1 / _SQRT_PI_2), _call("exp", _sq(_call("erfcinv", x))))],
-    "normcdf": lambda x: [mul(_lit(1 / math.sqrt(2 * math.pi)), _call("exp", mul(_lit(-0.5), _sq(x))))],
-    "normcdfinv": lambda x: [mul(_lit(math.sqrt(2 * math.pi)),
-                                 _call("exp", mul(_lit(0.5), _sq(_call("normcdfinv", x)))))],
-    "sin": lambda x: [_call("cos", x)],
-    "cos": lambda x: [neg(_call("sin", x))],
-    "tan": lambda x: [add(_lit(1.0), _sq(_call("tan", x)))],
-    "sinpi": lambda x: [mul(_lit(math.pi), _call("cospi", x))],
-    "cospi": lambda x: [mul(_lit(-math.pi), _call("sinpi", x))],
-    "asin": lambda x: [_call("rsqrt", sub(_lit(1.0), _sq(x)))],
-    "acos": lambda x: [neg(_call("rsqrt", sub(_lit(1.0), _sq(x))))],
-    "atan": lambda x: [div(_lit(1.0), add(_lit(1.0), _sq(x)))],
-    "sinh": lambda x: [_call("cosh", x)],
-    "cosh": lambda x: [_call("sinh", x)],
-    "asinh": lambda x: [_call("rsqrt", add(_sq(x), _lit(1.0)))],
-    "acosh": lambda x: [_call("rsqrt", sub(_sq(x), _lit(1.0)))],
-    "atanh": lambda x: [div(_lit(1.0), sub(_lit(1.0), _sq(x)))],
-    "atan2": lambda y, x: [div(x, add(_sq(x), _sq(y))), neg(div(y, add(_sq(x), _sq(y))))],
-    "hypot": lambda a, b: [div(a, _call("hypot", a, b)), div(b, _call("hypot", a, b))],
-    "rhypot": lambda a, b: [neg(mul(a, _cube(_call("rhypot", a, b)))), neg(mul(b, _cube(_call("rhypot", a, b))))],
-    "norm3d": lambda a, b, c: [div(x, _call("norm3d", a, b, c)) for x in (a, b, c)],
-    "norm4d": lambda a, b, c, d: [div(x, _call("norm4d", a, b, c, d)) for x in (a, b, c, d)],
-    "rnorm3d": lambda a, b, c: [neg(mul(x, _cube(_call("rnorm3d", a, b, c)))) for x in (a, b, c)],
-    "rnorm4d": lambda a, b, c, d: [neg(mul(x, _cube(_call("rnorm4d", a, b, c, d)))) for x in (a, b, c, d)],
-    "fmod": lambda a, b: [_lit(1.0), neg(_call("trunc", div(a, b)))],
-    "remainder": lambda a, b: [_lit(1.0), neg(_call("rint", div(a, b)))],
-    "fdim": lambda a, b: [A.Select(_cmp(">", a, b), _lit(1.0), ZERO), A.Select(_cmp(">", a, b), _lit(-1.0), ZERO)],
-    "fdivide": lambda a, b: [div(_lit(1.0), b), neg(div(a, _sq(b)))],
-    "copysign": lambda a, b: [mul(_call("copysign", _lit(1.0), a), _call("copysign", _lit(1.0), b)), None],
-    "nextafter": lambda a, b: [_lit(1.0), None],
-    "ldexp": lambda x, e: [_call("ldexp", _lit(1.0), e), None],
-    "j0": lambda x: [neg(_call("j1", x))],
-    "j1": lambda x: [_partials_bessel(x, "j0", "j1")],
-    "y0": lambda x: [neg(_call("y1", x))],
-    "y1": lambda x: [sub(_call("y0", x), div(_call("y1", x), x))],
-    "cyl_bessel_i0": lambda x: [_call("cyl_bessel_i1", x)],
-    "cyl_bessel_i1": lambda x: [_partials_bessel(x, "cyl_bessel_i0", "cyl_bessel_i1")],
-    **{f: (lambda *args: [None] * len(args)) for f in
-       ("floor", "ceil", "rint", "round", "trunc", "nearbyint", "logb", "bitand", "bitor", "bitxor", "bitnot",
-        "shl", "shr")},
-}
-
-
-def _cube(x):
-    return A.Binary("*", A.Binary("*", x, x), x)
-
-
-# ---- symbolic differentiation of one right-hand side ------------------------------------------------------
-
-def read_key(e) -> tuple | None:
-    """The key of a float read: ``(tensor, args)`` of an access, ``(name, ())`` of a 0-d parameter; None for
-    anything else. Reads with equal keys read the same element, so they are one variable of the derivative."""
-    if isinstance(e, A.Access) and e.dtype in FLOATS:
-        return (e.tensor, e.args)
-    if isinstance(e, A.Ident) and e.kind == "scalar" and e.dtype in FLOATS:
-        return (e.name, ())
-    return None
-
-
-def float_reads(e) -> list:
-    """The distinct keys (:func:`read_key`) of the float reads in ``e`` that a derivative can flow through:
-    not those inside an index argument or a ``?:`` condition."""
-    found: list = []
-
-    def visit(x):
-        key = read_key(x)
-        if key is not None:
-            if key not in found:
-                found.append(key)
-            return
-        if isinstance(x, A.Access):
-            return
-        if isinstance(x, A.Select):
-            visit(x.then)
-            visit(x.other)
-            return
-        for c in A.children(x):
-            visit(c)
-
-    visit(e)
-    return found
-
-
-def derivative(e, key, where: str = ""):
-    """``d e / d read`` for the read with ``key`` (:func:`read_key`), as an expression, or None when it is 0.
-
-    Raises UnsupportedError for a builtin without a derivative here (``lgamma``, ``tgamma``), naming it."""
-    if read_key(e) == key:
-        return _lit(1.0)
-    if e.dtype not in FLOATS and e.dtype not in A.STORAGE_DTYPES:
-        return None
-    if isinstance(e, (A.Const, A.Ident, A.Access)):
-        return None
-    if isinstance(e, A.Cast):
-        inner = derivative(e.operand, key, where)
-        if inner is None or isinstance(inner, A.Const):
-            return inner
-        return A.Cast(e.to, inner)
-    if isinstance(e, A.Unary):
-        return neg(derivative(e.operand, key, where)) if e.op == "-" else None
-    if isinstance(e, A.Select):
-        return select(e.cond, derivative(e.then, key, where), derivative(e.other, key, where))
-    if isinstance(e, A.Binary):
-        da, db = derivative(e.lhs, key, where), derivative(e.rhs, key, where)
-        if e.op == "+":
-            return add(da, db)
-        if e.op == "-":
-            return sub(da, db)
-        if e.op == "*":
-            return add(mul(da, e.rhs), mul(e.lhs, db))
-        if e.op == "/":
-            return sub(div(da, e.rhs), mul(db, div(e.lhs, _sq(e.rhs))) if db is not None else None)
-        if e.op == "%":
-            return sub(da, mul(db, _call("floor", div(e.lhs, e.rhs))) if db is not None else None)
-        return None
-    if isinstance(e, A.Call):
-        partials = PARTIALS.get(e.func)
-        if partials is None:
-            raise UnsupportedError(f"{where}no derivative for the builtin '{e.func}' here",
-                                   e.span, hint="rewrite it with builtins that have one, or leave this input "
-                                                "out of wrt")
-        total = None
-        for arg, partial in zip(e.args, partials(*e.args)):
-            d = derivative(arg, key, where)
-            if d is not None and partial is not None:
-                total = add(total, mul(d, partial))
-        return total
-    return None
-
-
-# ---- integer index expressions ---------------------------------------------------------------------------
-
-def linear(e) -> dict | None:
-    """``e`` as ``{name: coefficient, 1: constant}`` when it is an integer affine combination of index names
-    and sizes (Idents), else None."""
-    if isinstance(e, A.Const):
-        if isinstance(e.value, bool) or not isinstance(e.value, int):
-            return None
-        return {1: e.value}
-    if isinstance(e, A.Ident):
-        return {e.name: 1} if e.kind in ("index", "size") else None
-    if isinstance(e, A.Cast):
-        return linear(e.operand) if e.to in ("int32", "int64") and e.operand.dtype in ("int32", "int64", None) \
-            else None
-    if isinstance(e, A.Unary) and e.op == "-":
-        inner = linear(e.operand)
-        return None if inner is None else {k: -v for k, v in inner.items()}
-    if isinstance(e, A.Binary) and e.op in ("+", "-", "*"):
-        a, b = linear(e.lhs), linear(e.rhs)
-        if a is None or b is None:
-            return None
-        if e.op == "*":
-            if set(a) <= {1}:
-                return {k: a.get(1, 0) * v for k, v in b.items()}
-            if set(b) <= {1}:
-                return {k: b.get(1, 0) * v for k, v in a.items()}
-            return None
-        sign = 1 if e.op == "+" else -1
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = out.get(k, 0) + sign * v
-        return out
-    return None
-
-
-def from_linear(terms: dict, kinds: dict):
-    """The expression of ``{name: coefficient, 1: constant}``: indices first, then sizes, then the constant.
-    ``kinds`` gives each name's Ident kind (``"index"`` or ``"size"``)."""
-    out = None
-    order = list(kinds)
-    names = sorted((k for k, v in terms.items() if k != 1 and v),
-                   key=lambda k: (kinds.get(k) != "index", terms[k] < 0, order.index(k) if k in order else 0))
-    for name in names:
-        c = terms[name]
-        term = A.Ident(name, kind=kinds.get(name, "index"), dtype="int32")
-        if abs(c) != 1:
-            term = A.Binary("*", A.Const(abs(c)), term)
-        out = term if out is None and c > 0 else (A.Unary("-", term) if out is None else
-                                                   A.Binary("+" if c > 0 else "-", out, term))
-    k = terms.get(1, 0)
-    if out is None:
-        return A.Const(k)
-    if k:
-        out = A.Binary("+" if k > 0 else "-", out, A.Const(abs(k)))
-    return out
-
-
-def substitute(e, sigma: dict):
-    """``e`` with each index Ident named in ``sigma`` replaced by its expression (one simultaneous pass), and
-    every integer affine access argument and comparison operand written in its simplest form."""
-    if isinstance(e, A.Ident) and e.kind == "index" and e.name in sigma:
-        return sigma[e.name]
-    kids = A.children(e)
-    if not kids:
-        return e
-    new = tuple(substitute(c, sigma) for c in kids)
-    if isinstance(e, A.Access):
-        new = tuple(_simplest(a) for a in new)
-    if isinstance(e, A.Binary) and e.op in ("<", "<=", ">", ">=", "==", "!=") and \
-            e.lhs.dtype in ("int32", "int64", None) and e.rhs.dtype in ("int32", "int64", None):
-        new = tuple(_simplest(a) for a in new)
-    return _with_children(e, new)
-
-
-def _simplest(e):
-    terms = linear(e)
-    if terms is None:
-        return e
-    kinds = {}
-    for x in A.walk(e):
-        if isinstance(x, A.Ident):
-            kinds.setdefault(x.name, x.kind)
-    return from_linear(terms, kinds)
-
-
-def _with_children(e, new):
-    if isinstance(e, (A.Unary, A.Cast)):
-        return dataclasses.replace(e, operand=new[0])
-    if isinstance(e, A.Binary):
-        return dataclasses.replace(e, lhs=new[0], rhs=new[1])
-    if isinstance(e, A.Select):
-        return dataclasses.replace(e, cond=new[0], then=new[1], other=new[2])
-    return dataclasses.replace(e, args=tuple(new))
-
-
-def _index(name):
-    return A.Ident(name, kind="index", dtype="int32")
-
 
 # ---- the gradient def -------------------------------------------------------------------------------------
 
@@ -551,7 +188,7 @@ class _Builder:
                 if isinstance(c, A.ExistsClause):
                     reads += [x for x in A.walk(c.expr) if isinstance(x, A.Access)]
             if stmt.tensor in self.shapes:
-                reads.append(A.Access(stmt.tensor, tuple(_index(i) for i in cs.lhs_indices)))
+                reads.append(A.Access(stmt.tensor, tuple(index_var(i) for i in cs.lhs_indices)))
             for index in cs.indices:
                 if index in ranges:
                     continue
@@ -584,7 +221,7 @@ class _Builder:
             tensor, _, k = e.name.partition(".")
             return self.shapes[tensor][int(k)]
         kids = A.children(e)
-        return _with_children(e, tuple(self.sizes_only(c) for c in kids)) if kids else e
+        return with_children(e, tuple(self.sizes_only(c) for c in kids)) if kids else e
 
     def flows(self):
         """Per statement: the keys of the reads its written value depends on (a nonzero derivative) and the
@@ -640,7 +277,7 @@ class _Builder:
         """``total(i..) = seed(i..)`` over the output's shape: the start of an output's adjoint that later
         statements read too."""
         names = [self.fresh(f"i{p}") for p in range(len(self.shapes[out]))]
-        rhs = A.Access(seed, tuple(_index(n) for n in names))
+        rhs = A.Access(seed, tuple(index_var(n) for n in names))
         clauses = tuple(A.RangeClause(n, A.Const(0), e) for n, e in zip(names, self.shapes[out]))
         self.statements.append(A.Statement(total, tuple(A.IndexVar(n) for n in names), "=", rhs, clauses))
         self.started.add(total)
@@ -652,10 +289,11 @@ class _Builder:
         op = "+=" if tensor in self.started else first
         self.started.add(tensor)
         if guard is not None:
-            if isinstance(rhs, A.Select) and _is_lit(rhs.other, 0.0) and \
+            if isinstance(rhs, A.Select) and is_lit(rhs.other, 0.0) and \
                     not any(isinstance(x, A.Access) for x in A.walk(rhs.cond)):
-                guard, rhs = _and(guard, rhs.cond), rhs.then  # (reads in a condition are not guarded by it)
-            rhs = A.Select(guard, rhs, ZERO)
+                guard, rhs = and_(guard, rhs.cond), rhs.then  # (reads in a condition are not guarded by it)
+            guard = without_implied(guard, ranges)
+            rhs = rhs if guard is None else A.Select(guard, rhs, ZERO)
         clauses = tuple(A.RangeClause(i, lo, hi) for i, (lo, hi) in ranges.items())
         self.statements.append(A.Statement(tensor, tuple(A.IndexVar(i) for i in indices), op, rhs, clauses))
 
@@ -670,29 +308,29 @@ class _Builder:
         cs = self.checked.statements[k]
         stmt = cs.stmt
         where = self.where(k)
-        seed = A.Access(self.adjoint[stmt.tensor], tuple(_index(i) for i in cs.lhs_indices))
-        lhs_value = A.Access(stmt.tensor, tuple(_index(i) for i in cs.lhs_indices))
+        seed = A.Access(self.adjoint[stmt.tensor], tuple(index_var(i) for i in cs.lhs_indices))
+        lhs_value = A.Access(stmt.tensor, tuple(index_var(i) for i in cs.lhs_indices))
         op = stmt.reduction_op
         factor = seed
         if op in ("max=", "min="):
             ties = self.fresh(f"{stmt.tensor}_ties")
-            hit = _cmp("==", stmt.rhs, lhs_value)
+            hit = cmp("==", stmt.rhs, lhs_value)
             self.statements.append(A.Statement(ties, tuple(A.IndexVar(i) for i in cs.lhs_indices), "+=!",
-                                               A.Select(hit, _lit(1.0), ZERO), self.clauses(k)))
+                                               A.Select(hit, lit(1.0), ZERO), self.clauses(k)))
             factor = A.Select(hit, div(seed, A.Access(ties, lhs_value.args)), ZERO)
         elif op == "*=":
             nonzero = self.fresh(f"{stmt.tensor}_nonzero")
             zeros = self.fresh(f"{stmt.tensor}_zeros")
-            is_zero = _cmp("==", stmt.rhs, ZERO)
+            is_zero = cmp("==", stmt.rhs, ZERO)
             lhs = tuple(A.IndexVar(i) for i in cs.lhs_indices)
-            self.statements.append(A.Statement(nonzero, lhs, "*=!", A.Select(is_zero, _lit(1.0), stmt.rhs),
+            self.statements.append(A.Statement(nonzero, lhs, "*=!", A.Select(is_zero, lit(1.0), stmt.rhs),
                                                self.clauses(k)))
-            self.statements.append(A.Statement(zeros, lhs, "+=!", A.Select(is_zero, _lit(1.0), ZERO),
+            self.statements.append(A.Statement(zeros, lhs, "+=!", A.Select(is_zero, lit(1.0), ZERO),
                                                self.clauses(k)))
             p = A.Access(nonzero, lhs_value.args)
             z = A.Access(zeros, lhs_value.args)
-            others = A.Select(_cmp("==", z, ZERO), div(p, stmt.rhs),
-                              A.Select(_and(is_zero, _cmp("==", z, _lit(1.0))), p, ZERO))
+            others = A.Select(cmp("==", z, ZERO), div(p, stmt.rhs),
+                              A.Select(and_(is_zero, cmp("==", z, lit(1.0))), p, ZERO))
             factor = mul(seed, others)
         for key in keys:
             partial = derivative(stmt.rhs, key, where)
@@ -726,7 +364,7 @@ class _Builder:
                 new_names.append(e.name)
                 lo, hi = ranges[e.name]
                 if linear(lo) not in ({1: 0}, {}) or linear(hi) != linear(extents[p]):
-                    guards += [_cmp(">=", _index(e.name), lo), _cmp("<", _index(e.name), hi)]
+                    guards += [cmp(">=", index_var(e.name), lo), cmp("<", index_var(e.name), hi)]
                 keep_range[e.name] = (A.Const(0), extents[p])
                 continue
             slot = f"@{placeholder}"
@@ -737,7 +375,7 @@ class _Builder:
                 [v for v, c in terms.items() if v != 1 and c and v in ranges and v not in new_names
                  and v not in sigma]
             if not candidates:
-                guards.append(_cmp("==", _index(slot), e))
+                guards.append(cmp("==", index_var(slot), e))
                 continue
             v = min(candidates, key=lambda x: (x not in lhs_of_stmt, abs(terms[x]) != 1, cs.indices.index(x)))
             c = terms[v]
@@ -750,9 +388,9 @@ class _Builder:
                 value_of_v = numerator
             else:
                 value_of_v = A.Binary("/", numerator, A.Const(abs(c)))
-                guards.append(_cmp("==", A.Binary("%", numerator, A.Const(abs(c))), A.Const(0)))
+                guards.append(cmp("==", A.Binary("%", numerator, A.Const(abs(c))), A.Const(0)))
             lo, hi = ranges[v]
-            guards += [_cmp(">=", _index(v), lo), _cmp("<", _index(v), hi)]
+            guards += [cmp(">=", index_var(v), lo), cmp("<", index_var(v), hi)]
             sigma = {x: substitute(y, {v: value_of_v}) for x, y in sigma.items()}
             sigma[v] = value_of_v
             pivot_of[slot] = v
@@ -761,14 +399,14 @@ class _Builder:
                 keep_range[i] = ranges[i]
         # final names: a pivot's gradient index takes the pivot's name, others a fresh one
         rename = {slot: pivot_of.get(slot) or self.fresh("i") for slot in new_names if slot.startswith("@")}
-        sigma = {v: substitute(e, {s: _index(n) for s, n in rename.items()}) for v, e in sigma.items()}
+        sigma = {v: substitute(e, {s: index_var(n) for s, n in rename.items()}) for v, e in sigma.items()}
         for s, n in rename.items():
-            sigma.setdefault(s, _index(n))
+            sigma.setdefault(s, index_var(n))
         guard = None
         for g in guards:
             g = substitute(g, sigma)
-            if not _trivial(g):
-                guard = _and(guard, g)
+            if not trivial(g):
+                guard = and_(guard, g)
         value = substitute(value, sigma)
         indices = [rename.get(n, n) for n in new_names]
         ranges_out = {rename.get(i, i): r for i, r in keep_range.items()}
@@ -835,7 +473,7 @@ class _Builder:
         self.shapes[partial] = tuple(ranges[i][1] for i in order)
         self.emit(partial, order, {i: ranges[i] for i in order} | ranges, value, guard)
         self.emit(target, indices, {i: ranges[i] for i in indices},
-                  A.Access(partial, tuple(_index(i) for i in order)), first="=")
+                  A.Access(partial, tuple(index_var(i) for i in order)), first="=")
 
     def recompute(self) -> list:
         """The forward statements whose tensors the backward statements read (and what those read), in order;
@@ -869,9 +507,3 @@ class _Builder:
             where = tuple(c for c in stmt.where if not isinstance(c, A.LetClause))
             out.append(A.Statement(stmt.tensor, stmt.indices, op, stmt.rhs, where))
         return out
-
-
-def _trivial(g) -> bool:
-    """Whether a comparison of two equal integer expressions (``i == i``, ``i >= i``) is always true."""
-    return isinstance(g, A.Binary) and g.op in ("==", ">=", "<=") and linear(g.lhs) is not None and \
-        linear(g.lhs) == linear(g.rhs)
