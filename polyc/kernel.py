@@ -32,7 +32,7 @@ import numpy as np
 
 from . import debug
 from .codegen import compile_module, load_object
-from .errors import KernelRuntimeError, PolycError, ShapeError
+from .errors import KernelRuntimeError, PolycError, ShapeError, UnsupportedError
 from .lang import ast as L
 from .lang import check_def, parse
 from .lang.einsum import einsum_source
@@ -533,16 +533,19 @@ class GradKernel(Kernel):
         return f"<polyc.GradKernel {self.name} of {self.forward.name} wrt {', '.join(t for t, _ in self.wrt)}>"
 
     def bind_sizes(self, shapes) -> dict:
-        sizes = super().bind_sizes(shapes)
-        key = tuple(sorted(sizes.items()))
+        """The forward kernel's sizes from its inputs' shapes, checked (:class:`GradKernel`), then the
+        gradient def's (the seeds' own extents too)."""
+        named = dict(zip((t.name for t in self.checked.inputs), (tuple(s) for s in shapes)))
+        fwd_sizes = self.forward.bind_sizes([named[t.name] for t in self.forward.checked.inputs])
+        key = tuple(sorted(named.items()))
         if key not in self._checked_sizes:
-            self._check_forward(sizes, dict(zip((t.name for t in self.checked.inputs), shapes)))
+            self._check_forward(fwd_sizes, named)
             self._checked_sizes.add(key)
-        return sizes
+        return super().bind_sizes(shapes)
 
-    def _check_forward(self, sizes: dict, shapes: dict) -> None:
+    def _check_forward(self, fwd_sizes: dict, shapes: dict) -> None:
         forward = self.forward.checked
-        fwd_sizes = self.forward._every_size({n: sizes[n] for n in forward.sizes if n in sizes})
+        fwd_sizes = self.forward._every_size(fwd_sizes)
         scop = build_scop(forward, fwd_sizes)
         for out, seed in self.seeds:
             want = tuple(scop.tensor(out).shape)
