@@ -554,9 +554,10 @@ class GradKernel(Kernel):
                 raise ShapeError(f"argument '{seed}': the seed of output '{out}' must have its shape {list(want)}, "
                                  f"got {list(got)}")
         names = [s.name for s in scop.statements if s.op != "init"]
-        for k, index, lo, hi in self.gradient.ranges:
+        for k, index, lows, highs in self.gradient.ranges:
             found = scop.ranges[(names[k], index)]
-            assumed = (constant_value(lo, fwd_sizes), constant_value(hi, fwd_sizes))
+            assumed = (max(constant_value(lo, fwd_sizes) for lo in lows),
+                       min(constant_value(hi, fwd_sizes) for hi in highs))
             if assumed != tuple(found):
                 span = forward.statements[k].stmt.span
                 raise UnsupportedError(

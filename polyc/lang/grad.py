@@ -29,7 +29,9 @@ and outputs the gradient reads (a softmax's row sums) are computed again at the 
 Reductions: ``+=``/``+=!`` pass ``dT`` to every term; ``*=!`` passes ``dT`` times the product of the other
 terms, computed without dividing by zero (a product of the non-zero terms and a count of the zero ones);
 ``max=!``/``min=!`` pass ``dT`` to the terms equal to the result, split evenly among ties (the subgradient
-PyTorch's ``amax`` takes). Elementwise builtins have their derivative (:data:`PARTIALS`); ``fmax``/``max``
+PyTorch's ``amax`` takes); a term that is computed rather than read counts as equal within
+:data:`TIE_TOLERANCE` (8 units in the last place), since the gradient def computes it again in a statement
+the strategy may vectorize differently from the forward's. Elementwise builtins have their derivative (:data:`PARTIALS`); ``fmax``/``max``
 and ``fmin``/``min`` split the gradient evenly where their arguments are equal (so ``relu``'s gradient at 0
 is 0.5); ``floor``-like functions have derivative 0; ``?:`` passes the gradient through the branch taken.
 Integer and bool values carry no gradient. float16/bfloat16 tensors and ``lgamma``/``tgamma`` are refused
@@ -56,13 +58,14 @@ class Gradient:
     """The gradient of a def: ``definition`` (an untyped :class:`~polyc.lang.ast.Def`) and its ``source``;
     ``seeds`` names one seed input per output of the forward def (``(output, seed)``), ``wrt`` one gradient
     output per differentiated input (``(input, gradient)``); ``ranges`` lists, per forward statement (by
-    position), the range ``(lo, hi)`` expressions of sizes the gradient assumes for each of its indices."""
+    position), the range the gradient assumes for each of its indices as ``(statement, index, lows, highs)``:
+    expressions of sizes whose largest low and smallest high bound it."""
 
     definition: A.Def
     source: str
     seeds: tuple[tuple[str, str], ...]
     wrt: tuple[tuple[str, str], ...]
-    ranges: tuple[tuple[int, str, A.Expr, A.Expr], ...]
+    ranges: tuple[tuple[int, str, tuple, tuple], ...]
 
 
 def grad_def(checked: A.CheckedDef, wrt, name: str | None = None) -> Gradient:
@@ -86,6 +89,7 @@ class _Builder:
         self.assumed: list = []                  # (statement position, index, lo, hi)
         self.shapes: dict = {}                   # tensor → extents (expressions of sizes)
         self.ranges: list[dict] = []             # per forward statement: index → (lo, hi)
+        self.extra: list[dict] = []              # per forward statement: index → more (lo, hi) it must meet
         self.adjoint: dict = {}                  # tensor → its adjoint's name
         self.seed_sizes: dict = {}
 
@@ -189,31 +193,70 @@ class _Builder:
                     reads += [x for x in A.walk(c.expr) if isinstance(x, A.Access)]
             if stmt.tensor in self.shapes:
                 reads.append(A.Access(stmt.tensor, tuple(index_var(i) for i in cs.lhs_indices)))
-            for index in cs.indices:
-                if index in ranges:
-                    continue
-                for r in reads:
-                    extents = self.shapes.get(r.tensor)
-                    if extents is None:
-                        continue
-                    hits = [p for p, a in enumerate(r.args) if isinstance(a, A.Ident) and a.name == index]
-                    if hits:
-                        ranges[index] = (A.Const(0), extents[hits[0]])
-                        break
-                else:
-                    raise UnsupportedError(f"{self.where(k)}cannot tell the range of index '{index}' without "
-                                           "range inference on sizes", stmt.span,
-                                           hint=f"give it a where clause, e.g. 'where {index} in 0:N'")
+            extra = self.solve_ranges(k, cs, ranges, reads)
             self.ranges.append(ranges)
+            self.extra.append(extra)
+            shaping = stmt.tensor not in self.shapes  # its left-hand ranges give the tensor its shape
+            if shaping:  # the call checks these ranges alone: the tensor's extents are them
+                extra = {i: b for i, b in extra.items() if i not in cs.lhs_indices}
+                self.extra[-1] = extra
             for index, (lo, hi) in ranges.items():
-                self.assumed.append((k, index, lo, hi))
-            if stmt.tensor not in self.shapes:
+                more = extra.get(index, [])
+                self.assumed.append((k, index, (lo,) + tuple(b[0] for b in more), (hi,) + tuple(b[1] for b in more)))
+            if shaping:
                 lows = [ranges[i][0] for i in cs.lhs_indices]
                 if any(linear(lo) != {1: 0} and linear(lo) != {} for lo in lows):
                     raise UnsupportedError(f"{self.where(k)}'{stmt.tensor}' starts at a non-zero index; its "
                                            "gradient is not supported", stmt.span,
                                            hint="write it with indices counting from 0")
                 self.shapes[stmt.tensor] = tuple(ranges[i][1] for i in cs.lhs_indices)
+
+    def solve_ranges(self, k: int, cs, ranges: dict, reads: list) -> None:
+        """TC's range inference on symbolic sizes, in rounds: an index that is alone in an affine argument
+        ``c*i + g`` (every other index of ``g`` has a range) of a tensor of known extent ``E`` gets the values
+        keeping ``0 <= c*i + g < E`` for every value of ``g`` (``h + kh`` in ``X(n, c, h + kh, w + kw)``: ``h
+        in 0:H - KH + 1``); of several such bounds on one side the tightest where they differ by a constant
+        (``A(i)`` and ``A(i + 1)``: ``i in 0:N - 1``); bounds that cannot be compared (``A(i)`` and
+        ``B(i)`` of extents ``N`` and ``M``) are all kept: the first is the range, the others are returned
+        (index → ``[(lo, hi)]``) and become guards of the gradient's statements. The call checks the result
+        against range inference on the concrete sizes. Guards are not looked at (a padded read under ``?:`` narrows here
+        where TC's rule would not: the check refuses such a def, which a where clause settles)."""
+        indices = set(cs.indices)
+        extra: dict = {}
+        while True:
+            solved = {}
+            for index in cs.indices:
+                if index in ranges:
+                    continue
+                lows, highs = [], []
+                for r in reads:
+                    extents = self.shapes.get(r.tensor)
+                    if extents is None or len(extents) != len(r.args):
+                        continue
+                    for arg, extent in zip(r.args, extents):
+                        terms = linear(arg)
+                        if terms is None or not terms.get(index) or linear(extent) is None or any(
+                                n in indices and n != index and n not in ranges for n in terms if n != 1):
+                            continue
+                        lo, hi = _bounds(terms, index, linear(extent), ranges, indices)
+                        if lo is not None and hi is not None:
+                            lows.append(lo)
+                            highs.append(hi)
+                if highs:
+                    lo, hi = _tightest(lows, max), _tightest(highs, min)
+                    solved[index] = (lo, hi)
+                    more = [(a, b) for a, b in zip(lows, highs) if not (_looser(a, lo, max) and _looser(b, hi, min))]
+                    if more:
+                        extra[index] = more
+            if not solved:
+                break
+            ranges.update(solved)
+        for index in cs.indices:
+            if index not in ranges:
+                raise UnsupportedError(f"{self.where(k)}cannot tell the range of index '{index}' on symbolic "
+                                       "sizes", cs.stmt.span,
+                                       hint=f"give it a where clause, e.g. 'where {index} in 0:N'")
+        return extra
 
     def sizes_only(self, e):
         """``e`` with each dimension specifier ``T.k`` replaced by the extent it names."""
@@ -314,19 +357,19 @@ class _Builder:
         factor = seed
         if op in ("max=", "min="):
             ties = self.fresh(f"{stmt.tensor}_ties")
-            hit = cmp("==", stmt.rhs, lhs_value)
+            hit = _equal(stmt.rhs, lhs_value, self.checked.tensor(stmt.tensor).dtype)
             self.statements.append(A.Statement(ties, tuple(A.IndexVar(i) for i in cs.lhs_indices), "+=!",
-                                               A.Select(hit, lit(1.0), ZERO), self.clauses(k)))
+                                               self.guarded(k, A.Select(hit, lit(1.0), ZERO)), self.clauses(k)))
             factor = A.Select(hit, div(seed, A.Access(ties, lhs_value.args)), ZERO)
         elif op == "*=":
             nonzero = self.fresh(f"{stmt.tensor}_nonzero")
             zeros = self.fresh(f"{stmt.tensor}_zeros")
             is_zero = cmp("==", stmt.rhs, ZERO)
             lhs = tuple(A.IndexVar(i) for i in cs.lhs_indices)
-            self.statements.append(A.Statement(nonzero, lhs, "*=!", A.Select(is_zero, lit(1.0), stmt.rhs),
-                                               self.clauses(k)))
-            self.statements.append(A.Statement(zeros, lhs, "+=!", A.Select(is_zero, lit(1.0), ZERO),
-                                               self.clauses(k)))
+            self.statements.append(A.Statement(nonzero, lhs, "*=!", self.guarded(
+                k, A.Select(is_zero, lit(1.0), stmt.rhs), lit(1.0)), self.clauses(k)))
+            self.statements.append(A.Statement(zeros, lhs, "+=!", self.guarded(
+                k, A.Select(is_zero, lit(1.0), ZERO)), self.clauses(k)))
             p = A.Access(nonzero, lhs_value.args)
             z = A.Access(zeros, lhs_value.args)
             others = A.Select(cmp("==", z, ZERO), div(p, stmt.rhs),
@@ -335,6 +378,18 @@ class _Builder:
         for key in keys:
             partial = derivative(stmt.rhs, key, where)
             self.contribute(k, key, mul(factor, partial))
+
+    def extra_guards(self, k) -> list:
+        """``lo <= i < hi`` for each bound of statement ``k``'s indices beyond their ranges."""
+        return [cmp(op, index_var(i), b) for i, more in self.extra[k].items() for lo, hi in more
+                for op, b in ((">=", lo), ("<", hi))]
+
+    def guarded(self, k, rhs, identity=ZERO):
+        """``rhs`` under statement ``k``'s extra bounds (:meth:`extra_guards`), ``identity`` outside them."""
+        guard = None
+        for g in self.extra_guards(k):
+            guard = and_(guard, g)
+        return rhs if guard is None else A.Select(guard, rhs, identity)
 
     def clauses(self, k):
         return tuple(A.RangeClause(i, lo, hi) for i, (lo, hi) in self.ranges[k].items())
@@ -357,6 +412,7 @@ class _Builder:
         keep_range: dict = {}  # index → (lo, hi) of the gradient statement
         pivot_of: dict = {}    # placeholder → the pivot index solved for it
         placeholder = 0
+        guards += self.extra_guards(k)
         for p, arg in enumerate(args):
             e = substitute(arg, sigma) if sigma else arg
             terms = linear(e)
@@ -507,3 +563,95 @@ class _Builder:
             where = tuple(c for c in stmt.where if not isinstance(c, A.LetClause))
             out.append(A.Statement(stmt.tensor, stmt.indices, op, stmt.rhs, where))
         return out
+
+
+def _bounds(terms: dict, index: str, extent: dict, ranges: dict, indices: set):
+    """``(lo, hi)`` expressions of the values of ``index`` keeping the affine argument ``terms`` (a
+    :func:`linear` form) in ``[0, extent)`` for every value of its other indices (in ``ranges``); None for a
+    side this cannot write (a coefficient above 1 with a bound that is not a constant)."""
+    c = terms[index]
+    low, high = {1: terms.get(1, 0)}, {1: terms.get(1, 0)}  # min and max of g = terms - c*index
+    for name, a in terms.items():
+        if name == 1 or name == index:
+            continue
+        if name not in indices:  # a size
+            low[name] = low.get(name, 0) + a
+            high[name] = high.get(name, 0) + a
+            continue
+        first, last = linear(ranges[name][0]), linear(ranges[name][1])
+        if first is None or last is None:
+            return None, None
+        last = _plus(last, {1: -1})
+        for side, pick in ((low, first if a > 0 else last), (high, last if a > 0 else first)):
+            for key, v in pick.items():
+                side[key] = side.get(key, 0) + a * v
+    if c > 0:  # c*i >= -min(g), c*i <= E - 1 - max(g)
+        lo_num, hi_num = _scale(low, -1), _plus(extent, _scale(high, -1), {1: -1})
+    else:      # |c|*i <= min(g), |c|*i >= max(g) - E + 1
+        lo_num, hi_num = _plus(high, _scale(extent, -1), {1: 1}), low
+    m = abs(c)
+    sizes = {k: "size" for k in _plus(lo_num, hi_num) if k != 1}
+    if m == 1:
+        return from_linear(lo_num, sizes), from_linear(_plus(hi_num, {1: 1}), sizes)
+    lo = from_linear({1: -(-lo_num.get(1, 0) // m)}, {}) if set(k for k, v in lo_num.items() if v) <= {1} else None
+    hi = A.Binary("+", A.Binary("/", from_linear(hi_num, sizes), A.Const(m)), A.Const(1))
+    return lo, hi
+
+
+def _plus(*forms) -> dict:
+    out: dict = {}
+    for f in forms:
+        for k, v in f.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def _scale(form: dict, a: int) -> dict:
+    return {k: a * v for k, v in form.items()}
+
+
+def _looser(bound, chosen, pick) -> bool:
+    """Whether ``bound`` is the same as ``chosen`` or looser than it by a constant (``pick`` max for a lower
+    bound, min for an upper one): a constraint ``chosen`` already implies."""
+    x, y = linear(chosen), linear(bound)
+    if x is None or y is None:
+        return bound == chosen
+    diff = _plus(y, _scale(x, -1))
+    return all(v == 0 for k, v in diff.items() if k != 1) and pick(0, diff.get(1, 0)) == 0
+
+
+def _tightest(bounds: list, pick):
+    """The bound of ``bounds`` that ``pick`` (min or max) chooses among those differing from the first by a
+    constant; the first when they cannot be compared."""
+    best = bounds[0]
+    for b in bounds[1:]:
+        x, y = linear(best), linear(b)
+        if x is not None and y is not None:
+            diff = _plus(y, _scale(x, -1))
+            if all(v == 0 for k, v in diff.items() if k != 1) and pick(0, diff.get(1, 0)) != 0:
+                best = b
+    return best
+
+
+#: Relative tolerance of "a term equals the max/min" when the term is computed (not just read): the
+#: gradient def computes the term again, in another statement that the strategy may vectorize differently
+#: (libmvec against libm, FMA contraction), so it may differ from the forward's in the last bits.
+TIE_TOLERANCE = {"float32": 8 * 2.0 ** -23, "float64": 8 * 2.0 ** -52}
+
+
+def _exact(e) -> bool:
+    """Whether ``e`` evaluates to the same bits wherever it is computed: reads, literals, ``?:``, negation
+    and casts of those (no rounding arithmetic, no builtin)."""
+    if isinstance(e, A.Select):
+        return _exact(e.then) and _exact(e.other)
+    if isinstance(e, (A.Unary, A.Cast)):
+        return (e.op == "-" if isinstance(e, A.Unary) else True) and _exact(e.operand)
+    return isinstance(e, (A.Access, A.Const, A.Ident))
+
+
+def _equal(term, result, dtype: str):
+    """``term == result``, or within :data:`TIE_TOLERANCE` of ``result`` when ``term`` is computed."""
+    if _exact(term):
+        return cmp("==", term, result)
+    return cmp("<=", A.Call("fabs", (A.Binary("-", term, result),)),
+               A.Binary("*", lit(TIE_TOLERANCE.get(dtype, TIE_TOLERANCE["float32"])), A.Call("fabs", (result,))))
