@@ -16,8 +16,9 @@ read ``A(f(I))`` in ``rhs``, the chain rule gives, for every point of the domain
   fresh index of ``dA`` over the whole dimension with the guard ``a == arg``: the scatter-add of a gather,
   written as a comprehension (its cost is the dimension's extent times the read's domain).
 
-Every index of a gradient statement gets an explicit range: the forward statement's where clause or the
-extent of a tensor the index appears alone in (TC's range inference, symbolically). :class:`Gradient` lists
+Every index of a gradient statement gets an explicit range: the forward statement's where clause, or TC's
+range inference done on symbolic sizes (:meth:`_Builder.solve_ranges`: ``h + kh`` in a read of extent ``H``
+gives ``h in 0:H - KH + 1``). :class:`Gradient` lists
 these ranges per forward statement, so that a caller with concrete sizes can check them against the forward
 kernel's range inference (``polyc.grad`` does; where they differ the def needs a where clause).
 
@@ -31,9 +32,10 @@ terms, computed without dividing by zero (a product of the non-zero terms and a 
 ``max=!``/``min=!`` pass ``dT`` to the terms equal to the result, split evenly among ties (the subgradient
 PyTorch's ``amax`` takes); a term that is computed rather than read counts as equal within
 :data:`TIE_TOLERANCE` (8 units in the last place), since the gradient def computes it again in a statement
-the strategy may vectorize differently from the forward's. Elementwise builtins have their derivative (:data:`PARTIALS`); ``fmax``/``max``
-and ``fmin``/``min`` split the gradient evenly where their arguments are equal (so ``relu``'s gradient at 0
-is 0.5); ``floor``-like functions have derivative 0; ``?:`` passes the gradient through the branch taken.
+the strategy may vectorize differently from the forward's. Elementwise builtins have their derivative
+(:data:`~polyc.lang.derivative.PARTIALS`); ``fmax``/``max`` and ``fmin``/``min`` split the gradient evenly
+where their arguments are equal (so ``relu``'s gradient at 0 is 0.5); ``floor``-like functions have
+derivative 0; ``?:`` passes the gradient through the branch taken.
 Integer and bool values carry no gradient. float16/bfloat16 tensors and ``lgamma``/``tgamma`` are refused
 with UnsupportedError.
 
@@ -211,7 +213,7 @@ class _Builder:
                                            hint="write it with indices counting from 0")
                 self.shapes[stmt.tensor] = tuple(ranges[i][1] for i in cs.lhs_indices)
 
-    def solve_ranges(self, k: int, cs, ranges: dict, reads: list) -> None:
+    def solve_ranges(self, k: int, cs, ranges: dict, reads: list) -> dict:
         """TC's range inference on symbolic sizes, in rounds: an index that is alone in an affine argument
         ``c*i + g`` (every other index of ``g`` has a range) of a tensor of known extent ``E`` gets the values
         keeping ``0 <= c*i + g < E`` for every value of ``g`` (``h + kh`` in ``X(n, c, h + kh, w + kw)``: ``h
