@@ -2,22 +2,26 @@
 
 The space (:func:`space`) is what :class:`~polyc.Options` can override, seeded from the strategy's own
 derivation: the default options (every decision derived from the schedule tree and the target) are always
-the first candidate, so tuning never picks something slower than the default *as measured*. Around it:
+the first candidate, so tuning never picks something slower than the default *as measured*. A candidate is
+a genotype, one value per gene (:func:`options_of` turns it into Options fields):
 
-- ``register_tile_sizes``: rows 1 .. half the vector registers, columns 1-4 vectors of the target's width;
-- ``tile_sizes``: one size per loop of the def's largest statement, each a power of two from 4 to 512 (the
-  strategy clips them to the loops' extents and multiples of the register tile);
+- ``registers`` (derived, or explicit ``rows`` x ``cols``: rows 1 .. half the vector registers, columns 1-4
+  vectors of the target's width);
+- ``tiles`` (derived, or explicit: one gene ``tile.k`` per loop of the def's largest statement, each a power
+  of two from 4 to 512; the strategy clips them to the loops' extents and multiples of the register tile);
 - ``unroll`` (None, 0, 4, 8, 16), ``promote`` (None, True, False), ``fusion`` (smart, max, min), ``rar`` and
   ``tile`` (on or off).
 
 :class:`Evolution` is a steady-state genetic search in the manner of Tensor Comprehensions' autotuner, seeded
-by the strategy: the first round is the default and its neighbours (one field changed), then a population of
+by the strategy: the first round is the default and its neighbours (one gene changed), then a population of
 the best measured candidates breeds, with a quarter of each round drawn at random (immigrants, so a winner
 far from the default stays reachable): parents picked by tournament (the best of 3 at random), a child
-made by uniform crossover of two parents' fields and then mutated (each field redrawn with probability
-1/number of fields, at least one), duplicates of measured candidates redrawn. :class:`RandomSearch` draws
-each field uniformly: the baseline the evolution is compared with (``scripts/tune_kernels.py --compare``).
-Both are deterministic for a seed.
+made by uniform crossover of two parents' genes and then mutated (each gene with probability 1/number of
+genes, at least one): an ordered gene (a tile size, the register tile's rows or columns) steps to a
+neighbouring value three times in four, so the search climbs along a size that pays, any other gene is
+redrawn; duplicates of measured candidates are redrawn. :class:`RandomSearch` draws each gene uniformly:
+the baseline the evolution is compared with (``scripts/tune_kernels.py --compare``). Both are deterministic
+for a seed.
 """
 from __future__ import annotations
 
@@ -29,60 +33,88 @@ from ..target import Target
 
 TILE_CHOICES = (4, 8, 16, 32, 64, 128, 256, 512)
 
+#: Genes whose values are ordered (a mutation steps to a neighbouring value).
+ORDINAL = ("rows", "cols")
+
 
 def space(kernel: Kernel, target: Target) -> dict:
-    """Field -> the values a candidate may take (see the module docstring). ``None`` or the field's default
-    comes first in each list."""
-    lanes = max(1, target.vector_bits // 32)
+    """Gene -> the values it may take (see the module docstring); the default's value comes first. A
+    candidate is a *genotype* (one value per gene, :func:`options_of` gives its Options fields): ``tiles``
+    (``derived`` or ``explicit``) with one gene per loop of the def's largest statement, ``tile.0`` ... (a
+    power of two each, used when ``explicit``);
+    ``registers`` (``derived`` or ``explicit``) with ``rows`` (1 .. half the vector registers) and ``cols``
+    (1-4 vectors of the target's width); ``unroll``, ``promote``, ``fusion``, ``rar`` and ``tile`` as Options
+    has them."""
     loops = max(len(s.indices) for s in kernel.checked.statements) if kernel.checked.statements else 1
-    tiles = [None] + [tuple(random.Random(f"{kernel.source}{k}").choice(TILE_CHOICES) for _ in range(loops))
-                      for k in range(24)]
-    return {
-        "register_tile_sizes": [None] + [(rows, cols * lanes) for rows in range(1, target.vector_registers // 2 + 1)
-                                         for cols in (1, 2, 3, 4)],
-        "tile_sizes": tiles,
+    lanes = max(1, target.vector_bits // 32)
+    genes = {
+        "tiles": ["derived", "explicit"],
+        **{f"tile.{k}": list(TILE_CHOICES) for k in range(loops)},
+        "registers": ["derived", "explicit"],
+        "rows": list(range(1, target.vector_registers // 2 + 1)),
+        "cols": [c * lanes for c in (1, 2, 3, 4)],
         "unroll": [None, 0, 4, 8, 16],
         "promote": [None, True, False],
         "fusion": ["smart", "max", "min"],
         "rar": [False, True],
         "tile": [True, False],
     }
+    return genes
+
+
+def options_of(genes: dict) -> dict:
+    """The Options fields of a genotype that differ from the defaults and matter (tile sizes without tiling
+    do not), so genotypes that compile alike have equal specs."""
+    fields = {f: genes[f] for f in ("unroll", "promote", "fusion", "rar", "tile") if f in genes}
+    if genes.get("tiles") == "explicit":
+        fields["tile_sizes"] = tuple(genes[f"tile.{k}"] for k in range(sum(g.startswith("tile.") for g in genes)))
+    if genes.get("registers") == "explicit":
+        fields["register_tile_sizes"] = (genes["rows"], genes["cols"])
+    default = Options()
+    fields = {f: v for f, v in fields.items() if v != getattr(default, f)}
+    if fields.get("tile") is False:
+        fields.pop("tile_sizes", None)
+    return fields
 
 
 def spec_of(fields: dict) -> str:
-    """The options spec of a candidate (``fields``: the non-default ones)."""
+    """The options spec of a candidate (``fields``: Options fields, the non-default ones)."""
     return Options(**fields).to_spec()
 
 
 class RandomSearch:
-    """Each candidate's fields drawn uniformly from the space (the default first)."""
+    """Each gene drawn uniformly from the space (the default first)."""
 
     def __init__(self, choices: dict, seed: int = 0):
         self.choices = choices
         self.rng = random.Random(seed)
-        self.seen: set[str] = set()
+        self.seen: dict[str, dict] = {}  # spec -> the genotype proposed for it
+
+    def _default(self) -> dict:
+        return {g: values[0] for g, values in self.choices.items()}
 
     def _draw(self) -> dict:
-        return {f: self.rng.choice(values) for f, values in self.choices.items()}
+        return {g: self.rng.choice(values) for g, values in self.choices.items()}
 
     def propose(self, count: int, measured: list) -> list[dict]:
-        """``count`` new candidates (dicts of fields) not measured yet; the default first of all."""
+        """``count`` new candidates (Options fields) not measured yet; the default first of all."""
         return self._fresh(count, self._draw)
 
     def _fresh(self, count: int, draw, found: list | None = None) -> list[dict]:
-        """``found`` (default none) topped up to ``count`` candidates by calling ``draw()``, skipping those
-        already proposed; the default first of all when nothing has been proposed yet."""
+        """``found`` (default none) topped up to ``count`` candidates by calling ``draw()`` (a genotype),
+        skipping those whose options were already proposed; the default first of all."""
         found = [] if found is None else found
         if not self.seen:
             found.append({})
-            self.seen.add(spec_of({}))
+            self.seen[spec_of({})] = self._default()
         for _ in range(count * 50):
             if len(found) >= count:
                 break
-            fields = _clean(draw())
+            genes = draw()
+            fields = options_of(genes)
             spec = spec_of(fields)
             if spec not in self.seen:
-                self.seen.add(spec)
+                self.seen[spec] = genes
                 found.append(fields)
         return found
 
@@ -97,38 +129,46 @@ class Evolution(RandomSearch):
     def propose(self, count: int, measured: list) -> list[dict]:
         """``measured``: ``(fields, median seconds or None)`` of every candidate so far."""
         good = sorted((m for m in measured if m[1] is not None), key=lambda m: m[1])[:self.population]
-        if len(good) < 2:  # nothing to breed yet: the default and its neighbours (one field changed)
+        good = [(self.seen.get(spec_of(f), self._default()), t) for f, t in good]
+        if len(good) < 2:  # nothing to breed yet: the default and its neighbours (one gene changed)
             return self._neighbours(count)
         immigrants = count // 4  # random draws among the children: a winner far from the default stays reachable
         found = self._fresh(immigrants, self._draw) if immigrants else []
         return self._fresh(count, lambda: self._child(good), found)
 
     def _child(self, good: list) -> dict:
-        """Uniform crossover of two tournament winners, then a mutation of at least one field."""
+        """Uniform crossover of two tournament winners, then a mutation of at least one gene."""
         a, b = self._tournament(good), self._tournament(good)
-        child = {f: (a if self.rng.random() < 0.5 else b).get(f, self.choices[f][0]) for f in self.choices}
-        fields = list(self.choices)
-        changed = [f for f in fields if self.rng.random() < 1 / len(fields)] or [self.rng.choice(fields)]
-        for f in changed:
-            child[f] = self.rng.choice(self.choices[f])
+        child = {g: (a if self.rng.random() < 0.5 else b)[g] for g in self.choices}
+        genes = list(self.choices)
+        for g in [g for g in genes if self.rng.random() < 1 / len(genes)] or [self.rng.choice(genes)]:
+            child[g] = self._mutate(g, child[g])
         return child
 
+    def _mutate(self, gene: str, value):
+        """A new value of ``gene``: an ordered gene (tile sizes, register tile rows and columns) steps to a
+        neighbouring value three times in four (local search: a size that helps is worth doubling again),
+        else any value is drawn."""
+        values = self.choices[gene]
+        if (gene in ORDINAL or gene.startswith("tile.")) and self.rng.random() < 0.75:
+            k = values.index(value)
+            return values[max(0, min(len(values) - 1, k + self.rng.choice((-1, 1))))]
+        return self.rng.choice(values)
+
     def _neighbours(self, count: int) -> list[dict]:
-        """The default and candidates that change one of its fields."""
-        def one_field():
-            field = self.rng.choice(list(self.choices))
-            return {field: self.rng.choice(self.choices[field])}
-        return self._fresh(count, one_field)
+        """The default and candidates that change one of its genes (tile sizes and register tile: made
+        explicit with drawn values)."""
+        def one_gene():
+            genes = self._default()
+            gene = self.rng.choice(["tiles", "registers", "unroll", "promote", "fusion", "rar", "tile"])
+            if gene in ("tiles", "registers"):  # made explicit, with drawn sizes
+                drawn = self._draw()
+                genes.update({g: drawn[g] for g in genes if g.startswith("tile.") or g in ORDINAL})
+                genes[gene] = "explicit"
+            else:
+                genes[gene] = self.rng.choice(self.choices[gene])
+            return genes
+        return self._fresh(count, one_gene)
 
     def _tournament(self, good: list) -> dict:
         return min(self.rng.sample(good, min(3, len(good))), key=lambda m: m[1])[0]
-
-
-def _clean(fields: dict) -> dict:
-    """Only the fields that differ from the defaults and matter (tile sizes without tiling do not), so
-    candidates that compile alike have equal specs."""
-    default = Options()
-    fields = {f: v for f, v in fields.items() if v != getattr(default, f)}
-    if fields.get("tile") is False:
-        fields.pop("tile_sizes", None)
-    return fields
