@@ -26,7 +26,7 @@ reads, ``?:`` between two values of the same storage type, and the conversions `
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 import numpy as np
@@ -182,6 +182,27 @@ def children(e: Expr) -> tuple:
     if isinstance(e, Select):
         return (e.cond, e.then, e.other)
     return ()
+
+
+def with_children(e: Expr, new: tuple) -> Expr:
+    """``e`` with its sub-expressions (in :func:`children`'s order) replaced by ``new``; ``e`` itself when
+    nothing changed."""
+    if all(n is c for n, c in zip(new, children(e))):
+        return e
+    if isinstance(e, (Unary, Cast)):
+        return replace(e, operand=new[0])
+    if isinstance(e, Binary):
+        return replace(e, lhs=new[0], rhs=new[1])
+    if isinstance(e, Select):
+        return replace(e, cond=new[0], then=new[1], other=new[2])
+    return replace(e, args=tuple(new))  # Access, Call
+
+
+def conjuncts(cond: Expr) -> list:
+    """The operands of a chain of ``&&`` (``cond`` itself when it is not one)."""
+    if isinstance(cond, Binary) and cond.op == "&&":
+        return conjuncts(cond.lhs) + conjuncts(cond.rhs)
+    return [cond]
 
 
 def walk(e: Expr):

@@ -13,7 +13,6 @@ replaces indices by expressions and keeps access arguments in that simplest form
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from ..errors import UnsupportedError
@@ -355,7 +354,7 @@ def substitute(e, sigma: dict):
     if isinstance(e, A.Binary) and e.op in ("<", "<=", ">", ">=", "==", "!=") and \
             e.lhs.dtype in ("int32", "int64", None) and e.rhs.dtype in ("int32", "int64", None):
         new = tuple(_simplest(a) for a in new)
-    return with_children(e, new)
+    return A.with_children(e, new)
 
 
 def _simplest(e):
@@ -369,26 +368,9 @@ def _simplest(e):
     return from_linear(terms, kinds)
 
 
-def with_children(e, new):
-    if isinstance(e, (A.Unary, A.Cast)):
-        return dataclasses.replace(e, operand=new[0])
-    if isinstance(e, A.Binary):
-        return dataclasses.replace(e, lhs=new[0], rhs=new[1])
-    if isinstance(e, A.Select):
-        return dataclasses.replace(e, cond=new[0], then=new[1], other=new[2])
-    return dataclasses.replace(e, args=tuple(new))
-
-
 def index_var(name):
     """An index variable named ``name``."""
     return A.Ident(name, kind="index", dtype="int32")
-
-
-def conjuncts(cond) -> list:
-    """The operands of a chain of ``&&``."""
-    if isinstance(cond, A.Binary) and cond.op == "&&":
-        return conjuncts(cond.lhs) + conjuncts(cond.rhs)
-    return [cond]
 
 
 def without_implied(cond, ranges: dict):
@@ -396,7 +378,7 @@ def without_implied(cond, ranges: dict):
     expression of sizes, ``h + 1 >= 1`` for ``h in 0:H`` (the bound differs from the range's by a constant of
     the right sign). None when nothing is left."""
     kept = None
-    for c in conjuncts(cond):
+    for c in A.conjuncts(cond):
         if not _implied(c, ranges):
             kept = and_(kept, c)
     return kept

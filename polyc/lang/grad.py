@@ -50,7 +50,7 @@ import dataclasses
 from ..errors import PolycError, UnsupportedError
 from . import ast as A
 from .derivative import (FLOATS, ZERO, and_, cmp, derivative, div, float_reads, from_linear, index_var, is_lit,
-                         linear, lit, mul, substitute, trivial, with_children, without_implied)
+                         linear, lit, mul, substitute, trivial, without_implied)
 from .printer import format_def
 
 # ---- the gradient def -------------------------------------------------------------------------------------
@@ -266,7 +266,7 @@ class _Builder:
             tensor, _, k = e.name.partition(".")
             return self.shapes[tensor][int(k)]
         kids = A.children(e)
-        return with_children(e, tuple(self.sizes_only(c) for c in kids)) if kids else e
+        return A.with_children(e, tuple(self.sizes_only(c) for c in kids)) if kids else e
 
     def flows(self):
         """Per statement: the keys of the reads its written value depends on (a nonzero derivative) and the

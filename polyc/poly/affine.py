@@ -14,8 +14,6 @@ every divisor), so an access proven in bounds here is in bounds in the kernel.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import islpy as isl
 
 from ..lang import ast as L
@@ -229,18 +227,8 @@ def index_names(expr: L.Expr) -> list[str]:
 children = L.children
 
 
-def with_children(e: L.Expr, new: tuple) -> L.Expr:
-    """``e`` with its sub-expressions (in :func:`children`'s order) replaced by ``new``; ``e`` itself when
-    nothing changed."""
-    if all(n is c for n, c in zip(new, children(e))):
-        return e
-    if isinstance(e, (L.Unary, L.Cast)):
-        return dataclasses.replace(e, operand=new[0])
-    if isinstance(e, L.Binary):
-        return dataclasses.replace(e, lhs=new[0], rhs=new[1])
-    if isinstance(e, L.Select):
-        return dataclasses.replace(e, cond=new[0], then=new[1], other=new[2])
-    return dataclasses.replace(e, args=tuple(new))  # Access, Call
+#: ``e`` with its sub-expressions replaced (:func:`polyc.lang.ast.with_children`).
+with_children = L.with_children
 
 
 def accesses_in(expr: L.Expr) -> list[L.Access]:

@@ -133,13 +133,6 @@ def _is_identity(e: L.Expr, op: str, dtype: str) -> bool:
     return isinstance(e, L.Const) and e.value == value
 
 
-def _conjuncts(cond: L.Expr) -> list[L.Expr]:
-    """The operands of a chain of ``&&``."""
-    if isinstance(cond, L.Binary) and cond.op == "&&":
-        return _conjuncts(cond.lhs) + _conjuncts(cond.rhs)
-    return [cond]
-
-
 def guard_into_domain(rhs: L.Expr, op: str, dtype: str, domain: isl.Set, indices, sizes: dict, ranges: dict,
                       innermost: str | None):
     """``(rhs, domain)`` of a reduction update ``op`` with affine guards moved into its iteration domain.
@@ -162,7 +155,7 @@ def guard_into_domain(rhs: L.Expr, op: str, dtype: str, domain: isl.Set, indices
     index_set = set(indices)
     while isinstance(rhs, L.Select):
         if _is_identity(rhs.other, op, dtype):
-            kept_branch, parts, negate = rhs.then, _conjuncts(rhs.cond), False
+            kept_branch, parts, negate = rhs.then, L.conjuncts(rhs.cond), False
         elif _is_identity(rhs.then, op, dtype):
             kept_branch, parts, negate = rhs.other, [rhs.cond], True
         else:
