@@ -993,3 +993,32 @@ def test_a_transposing_epilogue_runs_as_gathers_and_scatters(cpu, guarded, monke
     np.testing.assert_allclose(compiled(x, wt, r), naive(x, wt, r), rtol=1e-5, atol=1e-5)
     two = kernel.specialize(x, wt, r, options=Options(threads=2))
     np.testing.assert_allclose(two(x, wt, r), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cpu", [None, "znver3"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("stride", [2, 3, 4])
+def test_strided_window_max_min_and_copy_with_nan(monkeypatch, cpu, dtype, stride):
+    """Vector reads of stride 2-4 (full vector loads of the span, joined and picked; the last load ends where
+    the span ends) feeding ``max=!``/``min=!`` reductions (``maxps``/``minps`` and a NaN blend on x86) and a
+    plain strided copy, against numpy: NaN anywhere in a window gives NaN, wherever it falls in the lanes;
+    rows whose span ends exactly at the end of the tensor."""
+    _target_cpu(monkeypatch, cpu)
+    rows, out = 5, 37  # 37 outputs: full vectors and a remainder with either ISA and dtype
+    width = stride * (out - 1) + 3
+    src = f"""def w(float{'' if dtype == 'float32' else '64'}({rows},{width}) X) -> (Mx, Mn, C) {{
+        Mx(r, o) max=! X(r, {stride}*o + t) where t in 0:3, o in 0:{out}
+        Mn(r, o) min=! X(r, {stride}*o + t) where t in 0:3, o in 0:{out}
+        C(r, o) = X(r, {stride}*o + 2) where o in 0:{out}
+    }}"""
+    k = polyc.define(src.replace("float64(", "double("))
+    rng = np.random.default_rng(stride)
+    x = rng.standard_normal((rows, width)).astype(dtype)
+    x[rng.random(x.shape) < 0.04] = np.nan
+    x[0, :6] = [0.0, -0.0, np.inf, -np.inf, 0.0, -0.0]
+    mx, mn, c = k(x)
+    windows = np.stack([x[:, t:t + stride * (out - 1) + 1:stride] for t in range(3)])
+    np.testing.assert_array_equal(mx, windows.max(axis=0))
+    np.testing.assert_array_equal(mn, windows.min(axis=0))
+    np.testing.assert_array_equal(c, windows[2])
+    assert np.isnan(mx).any() and not np.isnan(mx).all()
