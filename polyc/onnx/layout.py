@@ -13,14 +13,20 @@ kernels or faster (1 thread: 960 channels at 7x7 0.023 ms against 0.026, 96 chan
 per region instead of for the whole graph. :func:`find_regions` joins *candidate* convolutions
 (:func:`candidate_conv`: depthwise, 1x1, and those the per-convolution rule computes channels-last), *head*
 convolutions (:func:`head_conv`: any group-1 convolution, which reads its NCHW input as it is and writes
-NHWC: a network's stem), NHWC-capable elementwise nodes and GlobalAveragePools where one reads what another
-writes, and keeps a region that holds a depthwise convolution and whose boundary copies are cheap next to
-what its depthwise convolutions write (:data:`REGION_MAX_BOUNDARY`). Each region is rewritten:
+NHWC: a network's stem), NHWC-capable elementwise nodes, Concats, MaxPools and GlobalAveragePools where one
+reads what another writes, and keeps a region whose boundary copies are cheap next to what computing it
+channels-last saves (:func:`_saved_bytes`: the outputs of depthwise convolutions and of the convolutions the
+per-convolution rule would read back to NCHW, the inputs of MaxPools; :data:`REGION_MAX_BOUNDARY`). Measured
+(1 thread, Zen 5, polyc alone before and after, AVX-512 / AVX2): SqueezeNet, one region from its stem to its
+pooling, 1.17x / 1.05x faster; ResNet-18/2 1.08x / 1.02x; ResNet-50 1.02x with AVX-512 (with AVX2 its
+bottlenecks' large 1x1 convolutions stay out, :func:`candidate_conv`, and so does the rest). Each region is
+rewritten:
 
 - each Conv gets the attribute ``polyc_layout``: ``"NHWC"`` (input and output NHWC) or ``"NCHW_IN"`` (a head);
   its weights stay ONNX's ``(M, C/group, kh, kw)`` constant, re-laid by the converter at compile time;
 - each elementwise node computes on the NHWC tensors, its constant operands transposed once (a per-channel
-  bias ``(C, 1, 1)`` becomes ``(1, 1, 1, C)``); a GlobalAveragePool becomes a ReduceMean over axes 1 and 2;
+  bias ``(C, 1, 1)`` becomes ``(1, 1, 1, C)``); a Concat's axis moves with its dimension (channels: 3); a
+  GlobalAveragePool becomes a ReduceMean over axes 1 and 2;
 - a Transpose node puts an NCHW tensor from outside into NHWC where a region node but a head reads it, and
   one puts a region tensor back into NCHW where something outside reads it (or it is a graph output), under
   its original name.
@@ -34,7 +40,8 @@ import numpy as np
 
 from .graph import (LAYOUT_ATTR, NCHW_IN, NHWC, TensorInfo, add_op, connect, consumers, copy_graph, fresh_name,
                     producer, remove_op, topo_order)
-from .ops.core import CHANNELS_LAST_MIN_CHANNELS, CHANNELS_LAST_MIN_IN_CHANNELS, channels_last, vector_lanes
+from .ops.core import (CHANNELS_LAST_MIN_CHANNELS, CHANNELS_LAST_MIN_IN_CHANNELS, channels_last, streams_weight_rows,
+                       vector_lanes)
 
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
@@ -77,9 +84,10 @@ def _plain_conv(g: nx.DiGraph, nid: str) -> bool:
 def candidate_conv(g: nx.DiGraph, nid: str) -> bool:
     """Whether Conv ``nid`` computes channels-last inside a region: 2-D, float32, constant weights (and bias),
     and either depthwise (one filter per channel), or group 1 and 1x1 (a GEMM over the pixels whichever the
-    layout) or chosen by :func:`~polyc.onnx.ops.core.channels_last` (narrow images). A 3x3 convolution of a
-    wide image stays NCHW: channels-last it reads its window under guards instead of from an explicitly
-    padded copy (ResNet-18/50 ran 25% slower with every 3x3 convolution of their last stages NHWC)."""
+    layout) unless its weights would stream a line per page channels-last
+    (:func:`~polyc.onnx.ops.core.streams_weight_rows`: AVX2's ResNet-50 bottlenecks), or group 1 and chosen by
+    :func:`~polyc.onnx.ops.core.channels_last` (narrow images, or a width that fills its register tiles
+    badly). Any other convolution stays NCHW (and a region's head when it reads from outside it)."""
     d = g.nodes[nid]
     if not _plain_conv(g, nid):
         return False
@@ -88,8 +96,10 @@ def candidate_conv(g: nx.DiGraph, nid: str) -> bool:
     w = d["inputs"][1]
     group = int(d["attrs"].get("group", 1))
     kernel = list(np.asarray(consts[w]).shape[2:])
+    if group == 1 and kernel == [1, 1]:
+        return not streams_weight_rows(np.asarray(consts[w]).nbytes)
     if group == 1:
-        return kernel == [1, 1] or channels_last(y, 1, True, kernel, "float32", x[1])
+        return channels_last(y, 1, True, kernel, "float32", x[1])
     return depthwise(g, nid)
 
 
@@ -141,11 +151,22 @@ def _pool(g: nx.DiGraph, nid: str) -> bool:
     return x is not None and np.dtype(g.graph["tensors"][d["inputs"][0]].dtype) == np.float32
 
 
-#: A region is rewritten when the bytes its boundary Transposes copy are at most this share of the bytes its
-#: depthwise convolutions write: a Transpose costs about one pass over its tensor, the NHWC form of a
+def _concat(g: nx.DiGraph, nid: str) -> bool:
+    """Whether ``nid`` is a Concat of 4-D float32 images (along any axis: in NHWC the axis moves with its
+    dimension, channels to 3)."""
+    d = g.nodes[nid]
+    if d["op"] != "Concat" or len(d["outputs"]) != 1 or _image(g, d["outputs"][0]) is None:
+        return False
+    tensors, consts = g.graph["tensors"], g.graph["constants"]
+    return all(t and t not in consts and _image(g, t) is not None and np.dtype(tensors[t].dtype) == np.float32
+               for t in d["inputs"])
+
+
+#: A region is rewritten when the bytes its boundary Transposes copy are at most this share of the bytes it
+#: saves (:func:`_saved_bytes`): a Transpose costs about one pass over its tensor, the NHWC form of a
 #: (memory-bound) depthwise convolution saves about half a pass over its output. ShuffleNetV2's branches
 #: (one depthwise conv, its result transposed back for the Concat) stay NCHW; MobileNetV2 and EfficientNet
-#: become one region each from their stem to their pooling.
+#: become one region each from their stem to their pooling, and so do SqueezeNet and ResNet-18/2.
 REGION_MAX_BOUNDARY = 0.5
 
 
@@ -162,6 +183,24 @@ def _boundary_bytes(g: nx.DiGraph, comp: set, heads: set) -> int:
             if t and (t in g.graph["outputs"] or any(r not in comp for r in consumers(g, t))):
                 crossing.add(t)
     return sum(tensors[t].nbytes for t in crossing)
+
+
+def _saved_bytes(g: nx.DiGraph, comp: set, heads: set) -> int:
+    """What computing ``comp`` channels-last saves, in bytes of one pass each: the outputs of its depthwise
+    convolutions (NCHW: a partial vector along a narrow row and masked loads at the edges), the outputs of the
+    group-1 convolutions with a window that the per-convolution rule computes channels-last anyway and then
+    reads back to NCHW (a scatter pass), and the inputs of its MaxPools (NCHW: a stride-2 pool picks every
+    other element of its loads; NHWC takes each tap as a vector of channels)."""
+    tensors, consts = g.graph["tensors"], g.graph["constants"]
+    saved = 0
+    for n in comp:
+        d = g.nodes[n]
+        if d["op"] == "Conv" and n not in heads and (
+                depthwise(g, n) or np.asarray(consts[d["inputs"][1]]).shape[2:] != (1, 1)):
+            saved += tensors[d["outputs"][0]].nbytes
+        elif d["op"] == "MaxPool":
+            saved += tensors[d["inputs"][0]].nbytes
+    return saved
 
 
 def stem_region(g: nx.DiGraph, nid: str) -> set | None:
@@ -201,14 +240,15 @@ def stem_region(g: nx.DiGraph, nid: str) -> set | None:
 
 def find_regions(g: nx.DiGraph) -> list[set]:
     """The node sets :func:`channels_last_regions` rewrites: connected components of candidate and head
-    convolutions, NHWC-capable elementwise nodes and pools (joined where one reads what another writes),
-    without the elementwise nodes at their head (whose every data input comes from outside: they would move
-    a Transpose before them and out of their producer's epilogue) and without head-only convolutions inside,
-    each holding at least REGION_MIN_CONVS convolutions, a depthwise one among them, and a boundary of at
-    most REGION_MAX_BOUNDARY times the bytes its depthwise convolutions write; then the stem regions
+    convolutions, NHWC-capable elementwise nodes, Concats and pools (joined where one reads what another
+    writes), without the elementwise nodes at their head (whose every data input comes from outside: they
+    would move a Transpose before them and out of their producer's epilogue) and without head-only
+    convolutions inside, each holding at least REGION_MIN_CONVS convolutions and a boundary of at most
+    REGION_MAX_BOUNDARY times the bytes it saves (:func:`_saved_bytes`); then the stem regions
     (:func:`stem_region`) of the stems outside those."""
     candidates = {n for n in g.nodes if candidate_conv(g, n)}
-    able = candidates | {n for n in g.nodes if head_conv(g, n) or _elementwise(g, n) or _pool(g, n)}
+    able = candidates | {n for n in g.nodes if head_conv(g, n) or _elementwise(g, n) or _pool(g, n)
+                         or _concat(g, n)}
     joined = nx.Graph()
     joined.add_nodes_from(able)
     for n in able:
@@ -235,9 +275,8 @@ def find_regions(g: nx.DiGraph) -> list[set]:
                     changed = True
         convs = [n for n in comp if g.nodes[n]["op"] == "Conv"]
         heads = {n for n in convs if producer(g, g.nodes[n]["inputs"][0]) not in comp}
-        dw_bytes = sum(g.graph["tensors"][g.nodes[n]["outputs"][0]].nbytes for n in convs if depthwise(g, n))
-        if len(convs) >= REGION_MIN_CONVS and dw_bytes \
-                and _boundary_bytes(g, comp, heads) <= REGION_MAX_BOUNDARY * dw_bytes:
+        saved = _saved_bytes(g, comp, heads)
+        if len(convs) >= REGION_MIN_CONVS and saved and _boundary_bytes(g, comp, heads) <= REGION_MAX_BOUNDARY * saved:
             regions.append(comp)
     taken = set().union(*regions)
     for n in topo_order(g):
@@ -297,6 +336,9 @@ def channels_last_regions(g: nx.DiGraph) -> nx.DiGraph:
         elif op == "MaxPool":
             inputs = [read(d["inputs"][0], order)]
             attrs[LAYOUT_ATTR] = NHWC
+        elif op == "Concat":
+            inputs = [read(t, order) for t in d["inputs"]]
+            attrs["axis"] = TO_NHWC.index(int(attrs.get("axis", 1)) % 4)
         elif op == "GlobalAveragePool":  # over H and W of the NHWC image
             inputs = [read(d["inputs"][0], order)]
             op, attrs = "ReduceMean", {"keepdims": 1}

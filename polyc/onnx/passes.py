@@ -21,10 +21,10 @@ from .folding import NONDETERMINISTIC, evaluate_node, fold_constants, fold_with_
 from .graph import (TensorInfo, add_op, connect, consumers, copy_graph, fresh_name, producer, remove_op,
                     replace_uses, set_constant, to_model, topo_order)
 from .fusion import ALIASES, ELEMENTWISE, close_diamond
-from .layout import LAYOUT_ATTR, NCHW_IN, NHWC, TO_NCHW, channels_last_regions, stem_region
+from .layout import LAYOUT_ATTR, NCHW_IN, NHWC, TO_NCHW, TO_NHWC, channels_last_regions, find_regions
 from .load import infer_shapes
 from .ops import converter
-from .ops.core import channels_last, l2_bytes, vector_lanes
+from .ops.core import channels_last, streams_weight_rows, vector_lanes
 from .sequences import lower_sequences
 
 #: Ops that forward their first input unchanged at inference time.
@@ -254,20 +254,22 @@ def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
     -> Reshape (N,C*P*P',E,E') -> Conv(stride 1, W2)`` where ``W2[o, c*P*P' + p*P' + p', a, a'] =
     W[o, c, s*a+p, s'*a'+p']`` (zero past the kernel): unit-stride reads over ``P*P'*A*A'`` taps instead of
     strided ones over ``K*K'``. A 1x1 stride-2 convolution becomes a subsampling Slice and a 1x1 convolution.
-    A stem that heads a stem region (:func:`polyc.onnx.layout.stem_region`) stays as it is: channels-last it
-    reads its strided window one broadcast pixel at a time, without the phases' zero taps.
+    A convolution of a channels-last region (:func:`polyc.onnx.layout.find_regions`: a stem region's head, a
+    strided 1x1 one in ResNet's downsampling path) stays as it is: channels-last it reads its strided window
+    one broadcast pixel at a time, without the phases' zero taps or the subsampling copy.
     """
     g = copy_graph(g)
     consts, tensors = g.graph["constants"], g.graph["tensors"]
+    regions = set().union(*find_regions(g))
     for nid in topo_order(g):
         d = g.nodes[nid]
-        if d["op"] != "Conv":
+        if d["op"] != "Conv" or nid in regions:
             continue
         geo = _conv_geometry(g, d)
         if geo is None:
             continue
         strides, kernel, pb, out = geo
-        if all(s == 1 for s in strides) or stem_region(g, nid) is not None:  # a stem region's head stays
+        if all(s == 1 for s in strides):
             continue
         x_name, w_name = d["inputs"][0], d["inputs"][1]
         n, c, h, wd = tensors[x_name].shape
@@ -361,7 +363,7 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
     the group stays one kernel; Reshapes of contiguous data are memory aliases, not kernels. A convolution
     the lowering computes channels-last (:func:`polyc.onnx.ops.core.channels_last`: vectors over the output
     channels) stays as it is when its image has fewer than :func:`flatten_min_pixels` pixels, unless its weights
-    stream from beyond L2 a line per page (:func:`_streams_weight_rows`)."""
+    stream from beyond L2 a line per page (:func:`streams_weight_rows`)."""
     g = copy_graph(g)
     consts, tensors = g.graph["constants"], g.graph["tensors"]
     for nid in topo_order(g):
@@ -381,7 +383,7 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
             continue
         image = tensors[d["outputs"][0]].shape
         if channels_last(image, 1, True) and h * w < flatten_min_pixels() \
-                and not _streams_weight_rows(np.asarray(consts[d["inputs"][1]]).nbytes):
+                and not streams_weight_rows(np.asarray(consts[d["inputs"][1]]).nbytes):
             continue
         flat = lambda shape: tuple(shape[:-2]) + (1, shape[-2] * shape[-1])  # noqa: E731
         order = d["order"]
@@ -447,17 +449,6 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
 _POINTWISE_CHAIN_OPS = ELEMENTWISE - {"QuantizeLinear", "DequantizeLinear", "Expand"}
 
 
-def _streams_weight_rows(weight_bytes: int) -> bool:
-    """Whether a channels-last 1x1 convolution with ``weight_bytes`` of weights would stream them from beyond
-    L2 one cache line per page: its register tile reads NR output channels of a weight row per step of the
-    input channel, the next row a page or more away, so with NR float32 in one 64-byte line (AVX2: 16) and
-    weights twice the L2 size, each step is a line from L3 on a new page. The flattened form broadcasts
-    weights along contiguous rows instead. Measured (1 thread, Zen 4, AVX2, 7x7 images): 1024 -> 2048
-    channels 5.5 -> 3.4 ms flattened, 512 -> 2048 2.5 -> 1.6, 2048 -> 512 1.76 -> 1.61; with AVX-512 (NR = 32,
-    two lines) channels-last stays ahead or even (2.46 -> 2.26, 1.09 -> 1.17, 1.02 -> 1.13)."""
-    return 2 * vector_lanes("float32") * 4 <= 64 and weight_bytes >= 2 * l2_bytes()
-
-
 def _flattens_node(g: nx.DiGraph, node: str, group: list, image) -> bool:
     """Whether elementwise ``node`` of a chain after the pointwise Conv ``group[0]`` can run over the
     flattened image: an op of _POINTWISE_CHAIN_OPS, one output of the image's shape, every input from the
@@ -491,20 +482,27 @@ def explicit_conv_padding(g: nx.DiGraph) -> nx.DiGraph:
     of its own: ``Pad(x, pads) -> Conv(pads=0)``, the Pad extended at the end only as far as the windows
     reach (``(out-1)*stride + (k-1)*dilation - pad_begin - (in-1)``). The Pad is a kernel of its own, so the
     convolution's window reads need no bounds guard (as onnxruntime's and oneDNN's padded-input paths). A
-    channels-last region's head (``polyc_layout=NCHW_IN``, :mod:`polyc.onnx.layout`) reads an NCHW input too;
-    a Conv with NHWC input keeps its guards."""
+    channels-last region's head (``polyc_layout=NCHW_IN``, :mod:`polyc.onnx.layout`) reads an NCHW input too,
+    a group-1 Conv with NHWC input (``polyc_layout=NHWC``) an NHWC one, padded along H and W: with guards,
+    the bounds of the unrolled row of its register tile vary with the tap at the image's edges (ResNet-18/2's
+    3x3 convolutions of 128 channels at 14x14, 1 thread, AVX-512: 0.68 ms guarded, 0.21 padded). A depthwise
+    one keeps its guards (memory-bound: the copy would cost more than the guards)."""
     g = copy_graph(g)
     consts, tensors = g.graph["constants"], g.graph["tensors"]
     for nid in topo_order(g):
         d = g.nodes[nid]
-        if d["op"] != "Conv" or d["inputs"][1] not in consts or d["attrs"].get(LAYOUT_ATTR) == NHWC:
+        layout = d["attrs"].get(LAYOUT_ATTR) if d["op"] == "Conv" else None
+        if d["op"] != "Conv" or d["inputs"][1] not in consts \
+                or (layout == NHWC and int(d["attrs"].get("group", 1)) != 1):
             continue
         x_name = d["inputs"][0]
         x, y, w = tensors.get(x_name), tensors.get(d["outputs"][0]), consts[d["inputs"][1]]
         if x is None or y is None or x.shape is None or y.shape is None or len(x.shape) < 3:
             continue
-        if d["attrs"].get(LAYOUT_ATTR) == NCHW_IN:  # a channels-last region's head: NCHW input, NHWC output
+        if layout in (NCHW_IN, NHWC):  # a channels-last region's: NHWC output (and input), seen as NCHW here
             y = TensorInfo(tuple(y.shape[p] for p in TO_NCHW), y.dtype)
+        if layout == NHWC:
+            x = TensorInfo(tuple(x.shape[p] for p in TO_NCHW), x.dtype)
         a = d["attrs"]
         nsp = len(x.shape) - 2
         kernel = list(w.shape[2:])
@@ -527,9 +525,12 @@ def explicit_conv_padding(g: nx.DiGraph) -> nx.DiGraph:
         if not any(pb) and not any(pe):
             continue
         padded = fresh_name(g, f"{nid}_padded")
-        tensors[padded] = TensorInfo(tuple(x.shape[:2]) + tuple(x.shape[2 + i] + pb[i] + pe[i] for i in range(nsp)),
-                                     x.dtype)
+        shape = tuple(x.shape[:2]) + tuple(x.shape[2 + i] + pb[i] + pe[i] for i in range(nsp))
         pads = [0, 0] + pb + [0, 0] + pe
+        if layout == NHWC:
+            shape = tuple(shape[p] for p in TO_NHWC)
+            pads = [pads[p] for p in TO_NHWC] + [pads[4 + p] for p in TO_NHWC]
+        tensors[padded] = TensorInfo(shape, x.dtype)
         order = d["order"]
         if g.graph["opset"] >= 11:
             pads_name = fresh_name(g, f"{nid}_pads")

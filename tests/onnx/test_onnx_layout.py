@@ -13,6 +13,7 @@ from polyc.onnx import graph as G
 from polyc.onnx import passes
 from polyc.onnx.layout import LAYOUT_ATTR, NCHW_IN, NHWC, find_regions
 from polyc.onnx.load import load_model
+from targets import RUNNABLE_CPUS
 
 import onnxruntime as ort  # noqa: E402  (a test dependency: a missing install must fail, not skip)
 
@@ -169,9 +170,10 @@ def test_stem_heads_the_region_from_an_explicitly_padded_copy(monkeypatch):
     check_against_onnxruntime(model, [1, 3, 29, 29], monkeypatch)
 
 
-def test_regions_need_a_depthwise_convolution_and_two_convolutions():
-    """A ResNet-like run of 1x1 and 3x3 convolutions at 7x7 keeps the per-convolution form (no region: a
-    depthwise convolution is what needs its input channels-last), and so does a lone depthwise convolution."""
+def test_regions_need_to_save_more_than_their_boundary_and_two_convolutions():
+    """A ResNet-like run of 1x1 and 3x3 convolutions at 7x7 keeps the per-convolution form (no region: its
+    input and output cross the boundary, twice what the 3x3 convolution's read-back saves), and so does a
+    lone depthwise convolution."""
     net = Net([1, 64, 7, 7])
     h = net.op("Relu", [net.conv("x", 64, 64)])
     h = net.op("Relu", [net.conv(h, 64, 64, k=3)])
@@ -207,9 +209,9 @@ def nhwc_pools(g):
                          ids=["resnet", "squeezenet_ceil", "dilated_pool_asymmetric"])
 def test_a_stem_and_its_max_pool_run_channels_last(stem, monkeypatch):
     """A ResNet/SqueezeNet stem (3 input channels, 64 output channels, a BatchNorm-like scale and ReLU) and the
-    MaxPool after it form a stem region: the convolution stays strided (no space-to-depth) and reads its NCHW
-    input, the MaxPool runs NHWC, and only the pooled image is transposed back, for the 1x1 convolution after
-    it (which stays NCHW: no depthwise convolution)."""
+    MaxPool after it head a region: the convolution stays strided (no space-to-depth) and reads its NCHW
+    input, the MaxPool runs NHWC, and the 1x1 convolution after it joins them (the MaxPool's NHWC input is
+    what the region saves, its boundary is the 32-channel result), so only that result is transposed back."""
     net = Net([1, 3, 45, 45])
     pool = stem.pop("pool")
     h = net.conv("x", 3, 64, **stem)
@@ -219,9 +221,10 @@ def test_a_stem_and_its_max_pool_run_channels_last(stem, monkeypatch):
     g = simplified(model)
     head, = nhwc_convs(g, NCHW_IN)
     assert g.nodes[head]["attrs"]["strides"] == [stem["stride"]] * 2 and len(nhwc_pools(g)) == 1
-    assert nhwc_convs(g) == []
-    transposes = [d["attrs"]["perm"] for n, d in g.nodes(data=True) if d["op"] == "Transpose"]
-    assert transposes == [[0, 3, 1, 2]]
+    assert len(nhwc_convs(g)) == 1
+    transposes = [(d["attrs"]["perm"], g.graph["tensors"][d["outputs"][0]].shape[1])
+                  for n, d in g.nodes(data=True) if d["op"] == "Transpose"]
+    assert transposes == [([0, 3, 1, 2], 32)]
     check_against_onnxruntime(model, [1, 3, 45, 45], monkeypatch)
 
 
@@ -240,3 +243,73 @@ def test_a_stem_without_a_max_pool_or_read_twice_stays_nchw():
     for model in (twice, no_pool, narrow):
         g = simplified(model)
         assert nhwc_convs(g, NCHW_IN) == [] and nhwc_pools(g) == []
+
+
+def fire(net, x, cin, squeeze, expand):
+    """SqueezeNet's fire module: 1x1 squeeze + ReLU, then 1x1 and 3x3 expand + ReLU, concatenated."""
+    s = net.op("Relu", [net.conv(x, cin, squeeze)])
+    e1 = net.op("Relu", [net.conv(s, squeeze, expand)])
+    e3 = net.op("Relu", [net.conv(s, squeeze, expand, k=3)])
+    return net.op("Concat", [e1, e3], axis=1)
+
+
+def test_squeezenet_fire_modules_and_pools_run_as_one_region_without_a_depthwise_convolution(monkeypatch):
+    """Fire modules around a MaxPool: no depthwise convolution, but the 3x3 expand convolutions (channels-last
+    by the per-convolution rule, which would read their results back to NCHW) and the MaxPool's input are
+    what the region saves, and its boundary is its input and pooled output only: one region, the Concats
+    joining along NHWC's channel axis (3), the 3x3 convolutions reading an explicitly padded NHWC copy
+    (no guards); the first squeeze heads it (NCHW input), one Transpose puts the pooled result back."""
+    net = Net([1, 32, 15, 15])
+    h = fire(net, fire(net, "x", 32, 16, 32), 64, 16, 32)
+    h = net.op("MaxPool", [h], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    model = net.model([net.op("GlobalAveragePool", [fire(net, h, 64, 16, 32)])])
+    g = simplified(model)
+    assert len(nhwc_convs(g)) == 8 and len(nhwc_convs(g, NCHW_IN)) == 1 and len(nhwc_pools(g)) == 1
+    assert sorted(d["attrs"]["axis"] for n, d in g.nodes(data=True) if d["op"] == "Concat") == [3, 3, 3]
+    assert [d["attrs"]["perm"] for n, d in g.nodes(data=True) if d["op"] == "Transpose"] == [[0, 3, 1, 2]]
+    for n in nhwc_convs(g):
+        attrs = g.nodes[n]["attrs"]
+        if attrs["kernel_shape"] == [3, 3]:
+            assert not any(attrs.get("pads", [0] * 4))
+            padder = next(m for m, d in g.nodes(data=True) if g.nodes[n]["inputs"][0] in d["outputs"])
+            assert g.nodes[padder]["op"] == "Pad"
+            assert g.graph["tensors"][g.nodes[padder]["outputs"][0]].shape[1:3] in ((17, 17), (9, 9))
+    check_against_onnxruntime(model, [1, 32, 15, 15], monkeypatch)
+
+
+def test_a_strided_pointwise_convolution_in_a_region_stays_strided(monkeypatch):
+    """ResNet's downsampling path (a 1x1 stride-2 convolution beside a 3x3 stride-2 one, added): inside a
+    region the strided 1x1 convolution reads its NHWC input with stride 2 as it is, instead of the subsampling
+    Slice of space-to-depth (which would leave the region through a Transpose)."""
+    net = Net([1, 32, 14, 14])
+    x = net.op("Relu", [net.conv("x", 32, 32, k=3)])
+    main = net.conv(net.op("Relu", [net.conv(x, 32, 64, k=3, stride=2)]), 64, 64, k=3)
+    model = net.model([net.op("Relu", [net.op("Add", [main, net.conv(x, 32, 64, stride=2)])])])
+    g = simplified(model)
+    assert not [n for n, d in g.nodes(data=True) if d["op"] == "Slice"]
+    strided = [n for n in nhwc_convs(g) if g.nodes[n]["attrs"]["kernel_shape"] == [1, 1]]
+    assert len(strided) == 1 and g.nodes[strided[0]]["attrs"]["strides"] == [2, 2]
+    check_against_onnxruntime(model, [1, 32, 14, 14], monkeypatch)
+
+
+@pytest.mark.parametrize("cpu, joins", [("znver3", False), pytest.param("znver4", True, marks=pytest.mark.skipif(
+    "znver4" not in RUNNABLE_CPUS, reason="the host cannot run AVX-512 code"))])
+def test_a_pointwise_convolution_whose_weights_stream_stays_out_of_regions(monkeypatch, cpu, joins):
+    """A 1x1 convolution with weights of twice the L2 size or more between 3x3 convolutions at 7x7: with AVX2
+    (NR = 16 float32, one cache line of a weight row per step) channels-last it would stream them a line per
+    page (``ops.core.streams_weight_rows``), so it stays out of the region; with AVX-512 it joins."""
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    from polyc.onnx.ops.core import l2_bytes
+    cin = 512
+    cout = -(-2 * l2_bytes() // (4 * cin) // 64) * 64
+    net = Net([1, 32, 7, 7])
+    h = net.op("Relu", [net.conv("x", 32, 64, k=3)])
+    h = net.op("MaxPool", [net.op("Relu", [net.conv(h, 64, cin, k=3)])], kernel_shape=[2, 2], strides=[1, 1])
+    h = net.op("Relu", [net.conv(h, cin, cout)])
+    model = net.model([net.op("Relu", [net.conv(h, cout, 32, k=3)])])
+    g = simplified(model)
+    big = [n for n, d in g.nodes(data=True) if d["op"] == "Conv" and d["inputs"][1] in g.graph["constants"]
+           and np.asarray(g.graph["constants"][d["inputs"][1]]).shape[:2] == (cout, cin)]
+    assert len(big) == 1 and (big[0] in nhwc_convs(g)) == joins
+    assert len(nhwc_convs(g)) >= 1 and len(nhwc_pools(g)) == 1
+    check_against_onnxruntime(model, [1, 32, 7, 7], monkeypatch)

@@ -237,8 +237,10 @@ def test_pointwise_conv_runs_over_the_flattened_image(monkeypatch, shape, channe
 def test_pointwise_conv_with_weights_beyond_l2_is_flattened_on_one_line_vectors(monkeypatch, lanes, flattened):
     """A channels-last-sized 1x1 Conv (7x7, many channels) whose weights are twice the L2 cache runs over the
     flattened image when NR float32 fit one cache line (AVX2), channels-last with wider vectors."""
+    from polyc.onnx.ops import core
     monkeypatch.setattr(passes, "vector_lanes", lambda dtype: lanes)
-    monkeypatch.setattr(passes, "l2_bytes", lambda: 16 * 1024)   # weights: 64 x 128 x 4 = 32 KiB
+    monkeypatch.setattr(core, "vector_lanes", lambda dtype: lanes)
+    monkeypatch.setattr(core, "l2_bytes", lambda: 16 * 1024)   # weights: 64 x 128 x 4 = 32 KiB
     w = RNG.standard_normal((128, 64, 1, 1)).astype(np.float32)
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"])], [vi("x", [1, 64, 7, 7])],
                        [vi("y", [1, 128, 7, 7])], [const("w", w)])
