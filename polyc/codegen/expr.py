@@ -391,9 +391,8 @@ def min_max(b: ir.IRBuilder, f: str, x: ir.Value, y: ir.Value, dtype: str) -> ir
     accumulator, only the max and the blend are on the accumulator's dependence chain, not the NaN test. On
     x86 vectors the inner select is the ``maxps``/``minps`` intrinsic, because LLVM folds the two selects of
     the generic form back into one compare-or-compare-select (four instructions with a mask ``or`` on the
-    chain; three with the intrinsic: a channels-last MaxPool 3x3/2 of 64 channels at 111x111, 1 thread, AVX-512,
-    0.062 -> 0.046 ms). Which of two equal
-    operands is returned (only the sign of a zero can tell) is ``x``'s."""
+    chain; three with the intrinsic: a channels-last MaxPool 3x3/2 of 64 channels at 111x111, 1 thread,
+    AVX-512, 0.062 -> 0.046 ms). Of two equal operands (only the sign of a zero can tell) ``x`` is returned."""
     want_max = f in ("max", "fmax")
     if dtype not in FLOAT:
         cmp = b.icmp_unsigned if dtype in UNSIGNED else b.icmp_signed
