@@ -11,9 +11,9 @@ stayed the best), the winning options, candidates measured. Then the geometric m
 kernels and over the slowest third (by default ms). The records go to the records file
 (``POLYC_TUNING_RECORDS``), so ``polyc.define`` uses them afterwards.
 
-``--compare SECONDS`` instead runs the genetic search and random sampling with the same budget, ``--seeds``
-times each, on the kernels of ``--only`` (or SGEMM 512, the 3x3 conv and gemver), and prints each search's
-confirmed gain (default over best, from the alternating confirmation that ends it: a single measurement during
+``--compare SECONDS`` instead runs the searches of ``--strategies`` (default the model-based search and random
+sampling; ``evolution`` is the genetic one) with the same budget, ``--seeds`` times each, on the kernels of
+``--only`` (or SGEMM 512, the 3x3 conv and gemver), and prints each search's confirmed gain (default over best, from the alternating confirmation that ends it: a single measurement during
 the search is too noisy to rank strategies by) and their geometric means; ``--plot FILE.png`` draws the
 searches' best-so-far curves (matplotlib, the ``bench`` extra).
 
@@ -67,6 +67,7 @@ def main(argv=None) -> int:
     parser.add_argument("--compare", type=float, default=None, help="evolution vs random, SECONDS each")
     parser.add_argument("--plot", default=None, help="with --compare: write the best-so-far curves here")
     parser.add_argument("--seeds", type=int, default=2, help="with --compare: searches per strategy and kernel")
+    parser.add_argument("--strategies", default="model,random", help="with --compare: the searches, comma-separated")
     args = parser.parse_args(argv)
     chosen = [w.strip() for w in args.only.split(",") if w.strip()]
     rows = [r for r in kernel_set() if not chosen or r[0] in chosen or r[1] in chosen]
@@ -75,7 +76,8 @@ def main(argv=None) -> int:
     if args.compare is not None:
         return compare(rows if chosen else [r for r in kernel_set() if r[1] in ("sgemm 512", "conv 3x3 64ch 56",
                                                                                   "gemver")],
-                       args.compare, args.threads, args.plot, args.seeds)
+                       args.compare, args.threads, args.plot, args.seeds,
+                       tuple(w.strip() for w in args.strategies.split(",") if w.strip()))
     print("| kernel | sizes | default ms | tuned ms | gain | winning options | candidates |")
     print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
     results = []
@@ -94,36 +96,38 @@ def main(argv=None) -> int:
     return 0
 
 
-def compare(rows, seconds: float, threads, plot, seeds: int = 2) -> int:
-    """The genetic search and random sampling, ``seconds`` each and ``seeds`` seeds each, on each of ``rows``
-    (records not written). A search's result is its *confirmed* gain (default over best, both from the
+def compare(rows, seconds: float, threads, plot, seeds: int = 2, strategies=("model", "random")) -> int:
+    """The searches of ``strategies``, ``seconds`` each and ``seeds`` seeds each, on each of ``rows`` (records
+    not written), run interleaved (seed 0 of every strategy, then seed 1, ...) so a drift of the machine's
+    speed hits them alike. A search's result is its *confirmed* gain (default over best, both from the
     alternating confirmation that ends it): single measurements during a search are too noisy to rank by."""
-    print(f"| kernel | evolution gain (seeds {', '.join(map(str, range(seeds)))}) | mean | "
-          f"random gain (seeds {', '.join(map(str, range(seeds)))}) | mean |")
-    print("| --- | --- | ---: | --- | ---: |")
-    curves, means = {}, {"evolution": [], "random": []}
+    names = ", ".join(map(str, range(seeds)))
+    print("| kernel | " + " | ".join(f"{s} gain (seeds {names}) | mean" for s in strategies) + " |")
+    print("| --- |" + " --- | ---: |" * len(strategies))
+    curves, means = {}, {s: [] for s in strategies}
     for _, label, source, name, sizes in rows:
-        gains = {}
-        for strategy in ("evolution", "random"):
-            gains[strategy] = []
-            for seed in range(seeds):
+        gains = {s: [] for s in strategies}
+        for seed in range(seeds):
+            for strategy in strategies:
                 result = tune.tune(source, sizes, name, budget=seconds, threads=threads, strategy=strategy,
                                    seed=seed, write=False)
                 gains[strategy].append(result.gain)
                 curves[(label, strategy, seed)] = [(t, result.history[0][1] / b) for t, b in result.history]
+        for strategy in strategies:
             means[strategy].append(_geomean(gains[strategy]))
-        print(f"| {label} | {', '.join(f'{g:.2f}' for g in gains['evolution'])} | {means['evolution'][-1]:.3f} | "
-              f"{', '.join(f'{g:.2f}' for g in gains['random'])} | {means['random'][-1]:.3f} |", flush=True)
-    print(f"\ngeometric mean of the confirmed gains: evolution {_geomean(means['evolution']):.3f}, "
-          f"random {_geomean(means['random']):.3f}")
+        print(f"| {label} | " + " | ".join(f"{', '.join(f'{g:.2f}' for g in gains[s])} | {means[s][-1]:.3f}"
+                                           for s in strategies) + " |", flush=True)
+    print("\ngeometric mean of the confirmed gains: "
+          + ", ".join(f"{s} {_geomean(means[s]):.3f}" for s in strategies))
     if plot:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(7, 4))
+        styles = dict(zip(strategies, ("-", "--", ":", "-.")))
         for (label, strategy, seed), history in curves.items():
             ax.step([t for t, _ in history], [g for _, g in history], where="post", alpha=0.8,
-                    label=f"{label} ({strategy}, seed {seed})", linestyle="-" if strategy == "evolution" else "--")
+                    label=f"{label} ({strategy}, seed {seed})", linestyle=styles[strategy])
         ax.set_xlabel("seconds of search")
         ax.set_ylabel("first measurement / best so far")
         ax.legend(fontsize=6)

@@ -37,7 +37,7 @@ from ..runtime import records
 from ..runtime.workers import run_jobs
 from ..target import host_target
 from .measure import MeasureJob, compile_candidate, outputs, time_candidate
-from .search import Evolution, RandomSearch, space
+from .search import Evolution, ModelSearch, RandomSearch, space
 
 #: Candidates proposed (and compiled at once) per round.
 ROUND = 4
@@ -46,7 +46,7 @@ ROUND = 4
 #: the medians of these rounds decide (and are the records :func:`polyc.runtime.records.best` applies).
 CONFIRM = 5
 
-STRATEGIES = {"evolution": Evolution, "random": RandomSearch}
+STRATEGIES = {"evolution": Evolution, "model": ModelSearch, "random": RandomSearch}
 
 
 @dataclass
@@ -73,7 +73,7 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
          strategy: str = "evolution", ray: str | None = None, threads: int | None = None, seed: int = 0,
          processes: int | None = None, write: bool = True) -> TuneResult:
     """Tune the def ``name`` of ``source`` at ``sizes`` for ``budget`` seconds (wall clock) or ``trials``
-    candidates, whichever ends first; ``strategy`` ``"evolution"`` or ``"random"``; ``ray``: a Ray address to
+    candidates, whichever ends first; ``strategy`` ``"evolution"``, ``"model"`` or ``"random"``; ``ray``: a Ray address to
     measure on (None: locally); ``threads``: the thread count the kernel runs with (default as
     :func:`polyc.define`); ``processes``: compile workers for local measurement (default the usable cores);
     ``write``: append the records to the records file. Raises PolycError for an unknown strategy, a def that
