@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     chosen = [w.strip() for w in args.only.split(",") if w.strip()]
     rows = [r for r in kernel_set() if not chosen or r[0] in chosen or r[1] in chosen]
     target = host_target()
-    print(f"# {target}, threads {args.threads or target.cores}, budget {args.budget:g} s a kernel\n")
+    budget = args.budget if args.compare is None else args.compare
+    print(f"# {target}, threads {args.threads or target.cores}, budget {budget:g} s a search\n")
     if args.compare is not None:
         return compare(rows if chosen else [r for r in kernel_set() if r[1] in ("sgemm 512", "conv 3x3 64ch 56",
                                                                                   "gemver")],
