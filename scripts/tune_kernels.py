@@ -13,8 +13,9 @@ kernels and over the slowest third (by default ms). The records go to the record
 
 ``--compare SECONDS`` instead runs the searches of ``--strategies`` (default the model-based search and random
 sampling; ``evolution`` is the genetic one) with the same budget, ``--seeds`` times each, on the kernels of
-``--only`` (or SGEMM 512, the 3x3 conv and gemver), and prints each search's confirmed gain (default over best, from the alternating confirmation that ends it: a single measurement during
-the search is too noisy to rank strategies by) and their geometric means; ``--plot FILE.png`` draws the
+``--only`` (or SGEMM 512, the 3x3 conv and gemver), and prints each search's confirmed gain (default over
+best, from the alternating confirmation that ends it: a single measurement during the search is too noisy
+to rank strategies by) and their geometric means; ``--plot FILE.png`` draws the
 searches' best-so-far curves (matplotlib, the ``bench`` extra).
 
     python scripts/tune_kernels.py --budget 60 --threads 1

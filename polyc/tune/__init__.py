@@ -73,8 +73,8 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
          strategy: str = "evolution", ray: str | None = None, threads: int | None = None, seed: int = 0,
          processes: int | None = None, write: bool = True) -> TuneResult:
     """Tune the def ``name`` of ``source`` at ``sizes`` for ``budget`` seconds (wall clock) or ``trials``
-    candidates, whichever ends first; ``strategy`` ``"evolution"``, ``"model"`` or ``"random"``; ``ray``: a Ray address to
-    measure on (None: locally); ``threads``: the thread count the kernel runs with (default as
+    candidates, whichever ends first; ``strategy`` ``"evolution"``, ``"model"`` or ``"random"``; ``ray``: a Ray
+    address to measure on (None: locally); ``threads``: the thread count the kernel runs with (default as
     :func:`polyc.define`); ``processes``: compile workers for local measurement (default the usable cores);
     ``write``: append the records to the records file. Raises PolycError for an unknown strategy, a def that
     does not compile with the default options, or Ray missing when asked for."""
