@@ -36,7 +36,7 @@ from ..pipeline import resolve_options
 from ..runtime import records
 from ..runtime.workers import run_jobs
 from ..target import host_target
-from .measure import MeasureJob, compile_candidate, outputs, time_candidate
+from .measure import MeasureJob, compile_or_error, outputs, time_candidate
 from .search import Evolution, ModelSearch, RandomSearch, space
 
 #: Candidates proposed (and compiled at once) per round.
@@ -151,22 +151,13 @@ def _local_measurer(processes: int):
     """Compile a round in worker processes at once, then time each candidate here, one after the other."""
     def measure(jobs: list, reference: list) -> list:
         failed = {}
-        compiled = run_jobs(_compile_or_error, jobs, processes)
+        compiled = run_jobs(compile_or_error, jobs, processes)
         for job, error in zip(jobs, compiled):
             if error:
                 failed[job.spec] = error
         return [dict(seconds=[], median=None, ok=False, error=failed[job.spec]) if job.spec in failed
                 else time_candidate(job, reference) for job in jobs]
     return measure
-
-
-def _compile_or_error(job: MeasureJob) -> str:
-    """Compile ``job`` (a worker's task); ``""``, or the error that stopped it."""
-    try:
-        compile_candidate(job)
-    except PolycError as exc:
-        return f"{type(exc).__name__}: {exc.message}"
-    return ""
 
 
 def _ray_measurer(address: str):

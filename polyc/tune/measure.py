@@ -69,6 +69,16 @@ def compile_candidate(job: MeasureJob) -> float:
     return time.perf_counter() - started
 
 
+def compile_or_error(job: MeasureJob) -> str:
+    """Compile ``job`` (a compile worker's task, :func:`polyc.runtime.workers.run_jobs`): ``""``, or the error
+    that stopped it (``"ShapeError: ..."``)."""
+    try:
+        compile_candidate(job)
+    except PolycError as exc:
+        return f"{type(exc).__name__}: {exc.message}"
+    return ""
+
+
 def outputs(job: MeasureJob) -> list[np.ndarray]:
     """The outputs of ``job``'s candidate on its seeded inputs (the reference, for the default)."""
     kernel = job.kernel()

@@ -213,10 +213,6 @@ class ModelSearch(Evolution):
         scored = [(self.seen[spec_of(f)], t) for f, t in measured if spec_of(f) in self.seen]
         if len(scored) < self.SAMPLE or not any(t is not None for _, t in scored):
             return self._fresh(count, self._draw)
-        worst = max(math.log(t) for _, t in scored if t is not None) + math.log(2)
-        x = np.array([self.features(g) for g, _ in scored])
-        y = np.array([math.log(t) if t is not None else worst for _, t in scored])
-        forest = self._forest().fit(x, y)
         good = sorted((m for m in scored if m[1] is not None), key=lambda m: m[1])[:self.population]
         pool, specs = [], set()
         for k in range(self.POOL):
@@ -227,12 +223,20 @@ class ModelSearch(Evolution):
                 pool.append(genes)
         if not pool:
             return self._fresh(count, self._draw)
-        per_tree = np.array([tree.predict(np.array([self.features(g) for g in pool]))
-                             for tree in forest.estimators_])
-        bound = per_tree.mean(axis=0) - self.KAPPA * per_tree.std(axis=0)
-        ranked = [pool[k] for k in np.argsort(bound, kind="stable")]
         found = self._fresh(1, self._draw)  # one random draw a round: the model's blind spots stay reachable
-        return self._fresh(count, _cycle(ranked), found)
+        return self._fresh(count, _cycle(self.rank(pool, scored)), found)
+
+    def rank(self, pool: list[dict], scored: list) -> list[dict]:
+        """The genotypes of ``pool`` from the most promising on: by the lower confidence bound of a random forest
+        fitted to ``scored`` (``(genotype, seconds or None)``, at least one with seconds; a failed one counts
+        as twice the slowest)."""
+        worst = max(math.log(t) for _, t in scored if t is not None) + math.log(2)
+        x = np.array([self.features(g) for g, _ in scored])
+        y = np.array([math.log(t) if t is not None else worst for _, t in scored])
+        forest = self._forest().fit(x, y)
+        per_tree = np.array([tree.predict(np.array([self.features(g) for g in pool])) for tree in forest.estimators_])
+        bound = per_tree.mean(axis=0) - self.KAPPA * per_tree.std(axis=0)
+        return [pool[k] for k in np.argsort(bound, kind="stable")]
 
     def features(self, genes: dict) -> list[float]:
         """The genotype as numbers: an ordered gene as log2 of its value (0 where it has no effect: tile sizes

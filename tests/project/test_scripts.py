@@ -6,6 +6,7 @@ positive and consistent (speedup = source-order time / variant time).
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -205,3 +206,21 @@ def test_tune_kernels_prints_gains_and_compares_searches(tmp_path):
     assert header[0] == "kernel" and header[2] == "mean" and len(rows) == 1
     assert number(rows[0]["mean"]) >= 1.0  # a confirmed gain: the default when nothing beat it
     assert "geometric mean of the confirmed gains" in compared.stdout
+
+
+def test_tune_study_measures_a_pool_and_replays_searches_on_it(tmp_path):
+    """--measure writes one JSON line per candidate (the default first, each with its IR fingerprint); the replay
+    prints a row per kernel: its pool, the distinct programs in it and each strategy's mean gain."""
+    result = run_script(SCRIPTS / "tune_study.py", "--measure", "6", "--only", "atax", "--data", tmp_path,
+                        "--trials", "4", "--seeds", "2", timeout=600)
+    assert result.returncode == 0, result.stderr
+    pools = list(tmp_path.glob("*_atax.jsonl"))
+    assert len(pools) == 1
+    lines = [json.loads(line) for line in pools[0].read_text().splitlines()]
+    assert len(lines) == 7 and lines[0]["spec"] == "" and all(len(r["ir"]) == 16 for r in lines if r["median"])
+    _, rows = first_table(result.stdout)
+    assert [r["kernel"] for r in rows] == ["atax"]
+    row = rows[0]
+    assert number(row["candidates"]) == 7 and 1 <= number(row["distinct IR"]) <= 7
+    assert number(row["best gain"]) >= 1.0 and number(row["random"]) > 0 and number(row["model"]) > 0
+    assert "geometric mean gain: random" in result.stdout

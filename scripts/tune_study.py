@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""How much a tuning search strategy beats random sampling, with the statistical power live runs lack.
+
+A live comparison (``tune_kernels.py --compare``) costs a search's budget per seed, and one search's gain moves
+by 0.1-0.3 between seeds, so a few seeds cannot separate strategies that differ by a few percent. This script
+measures a kernel's space once and replays searches on it many times (a surrogate benchmark):
+
+1. ``--measure N``: N candidates drawn at random from the space (``polyc.tune.search.space``; the default
+   first), each compiled in worker processes, checked against the default and timed as a search times it
+   (``polyc.tune.measure.time_candidate``), and fingerprinted by its LLVM IR before optimization (the
+   pipeline's ``lower`` + ``emit``: candidates with equal IR compile to equal code). Written as JSON lines to
+   ``--data DIR``, one file per kernel and target.
+2. Replay: a candidate's true time is the median over every measured candidate with its IR; a search picks
+   candidates from the measured pool one at a time (random sampling: uniformly; the model-based search:
+   :meth:`polyc.tune.search.ModelSearch.rank` over the pool not yet picked, after the same first sample of
+   random draws, plus one random pick in four as it proposes live), sees each as its true time times
+   log-normal noise (``--noise``, 3% by default), and ends with the candidate whose noisy time was lowest;
+   the result is the default's true time over that candidate's. ``--trials`` picks a search (the live 30 s
+   searches measure 25-100), ``--seeds`` searches per strategy.
+
+    python scripts/tune_study.py --measure 200 --only "mlp 64x768x3072,gemver" --data study/
+    python scripts/tune_study.py --data study/ --trials 28 --seeds 30
+    POLYC_CPU=znver3 python scripts/tune_study.py --measure 200 --data study/    # the AVX2 target's space
+
+Prints, per kernel: candidates, distinct IRs, the best gain in the pool, how many candidates are within 5% of
+the best, and each strategy's mean gain and its geometric mean over the kernels.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import math
+import os
+import random
+import statistics
+import sys
+
+from tune_kernels import kernel_set  # scripts/tune_kernels.py, beside this script
+
+from polyc.codegen import new_module
+from polyc.kernel import Kernel
+from polyc.options import Options
+from polyc.pipeline import emit, lower, resolve_options
+from polyc.runtime.workers import run_jobs
+from polyc.target import host_target
+from polyc.tune.measure import MeasureJob, compile_or_error, outputs, time_candidate
+from polyc.tune.search import ModelSearch, RandomSearch, space, spec_of
+
+
+def ir_fingerprint(source: str, name: str, sizes: dict, spec: str, target) -> str:
+    """A hash of the LLVM IR (before LLVM's optimization) that ``spec`` compiles the def to."""
+    options = resolve_options(Options.from_spec(spec).replace(threads=1), target)
+    kernel = Kernel(source, name, options, records=False)
+    module = new_module(target)
+    emit(module, lower(kernel.checked, sizes, options, target), name, target, options)
+    return hashlib.sha1(str(module).encode()).hexdigest()[:16]
+
+
+def measure(label: str, source: str, name: str, sizes: dict, count: int, path: str, threads: int = 1) -> None:
+    """``count`` random candidates and the default of one kernel, measured, as JSON lines at ``path``."""
+    target = host_target()
+    search = RandomSearch(space(Kernel(source, name, Options(threads=threads), records=False), target), seed=123)
+    proposals = search.propose(count + 1, [])
+    base = MeasureJob(source, name, tuple(sorted(sizes.items())), threads, "")
+    reference = outputs(base)
+    with open(path, "w") as f:
+        for start in range(0, len(proposals), 8):
+            jobs = [MeasureJob(source, name, base.sizes, threads, spec_of(p)) for p in proposals[start:start + 8]]
+            for job, error in zip(jobs, run_jobs(compile_or_error, jobs, target.cores)):
+                outcome = time_candidate(job, reference) if not error else dict(median=None)
+                f.write(json.dumps(dict(kernel=label, genes=search.seen[job.spec], spec=job.spec,
+                                        median=outcome["median"], ir=ir_fingerprint(source, name, sizes, job.spec,
+                                                                                    target) if not error else "")) + "\n")
+        print(f"measured {label}: {len(proposals)} candidates -> {path}", file=sys.stderr)
+
+
+def load(path: str) -> list[dict]:
+    """The rows of one kernel, each candidate's time replaced by the median over its IR's candidates."""
+    rows = [json.loads(line) for line in open(path)]
+    by_ir: dict = {}
+    for r in rows:
+        if r["median"]:
+            by_ir.setdefault(r["ir"], []).append(r["median"])
+    for r in rows:
+        if r["median"]:
+            r["median"] = statistics.median(by_ir[r["ir"]])
+    return rows
+
+
+def choices_of(rows: list[dict]) -> dict:
+    """The space as the rows' genes span it (ordered genes sorted), for ModelSearch's features."""
+    choices: dict = {}
+    for r in rows:
+        for gene, value in r["genes"].items():
+            if value not in choices.setdefault(gene, []):
+                choices[gene].append(value)
+    for gene, values in choices.items():
+        if gene.startswith("tile.") or gene in ("rows", "cols"):
+            values.sort()
+    return choices
+
+
+def replay(rows: list[dict], strategy: str, trials: int, seed: int, noise: float) -> float:
+    """One search of ``trials`` picks from the measured pool (see the module docstring); its gain."""
+    rng = random.Random(seed)
+    model = ModelSearch(choices_of(rows), seed=seed) if strategy == "model" else None
+    default, pool = rows[0], list(rows[1:])
+    rng.shuffle(pool)
+    seen = {id(default): default["median"] * math.exp(rng.gauss(0, noise))}
+    picked = [default]
+    while len(picked) < trials and pool:
+        ok = [r for r in picked if r["median"]]
+        if model is None or len(picked) < ModelSearch.SAMPLE or not ok or rng.random() < 0.25:
+            candidate = pool.pop()
+        else:
+            ranked = model.rank([r["genes"] for r in pool], [(r["genes"], seen.get(id(r))) for r in picked])
+            best = ranked[0]
+            candidate = pool.pop(next(k for k, r in enumerate(pool) if r["genes"] is best))
+        seen[id(candidate)] = candidate["median"] * math.exp(rng.gauss(0, noise)) if candidate["median"] else None
+        picked.append(candidate)
+    chosen = min((r for r in picked if r["median"]), key=lambda r: seen[id(r)])
+    return default["median"] / chosen["median"]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="directory of the measured pools")
+    parser.add_argument("--measure", type=int, default=0, help="measure this many random candidates per kernel")
+    parser.add_argument("--only", default="mlp 64x768x3072,depthwise 3x3 256ch 56,gemver,two_mm",
+                        help="kernels of tune_kernels.py's set, comma-separated")
+    parser.add_argument("--trials", type=int, default=28)
+    parser.add_argument("--seeds", type=int, default=30)
+    parser.add_argument("--noise", type=float, default=0.03)
+    args = parser.parse_args(argv)
+    os.makedirs(args.data, exist_ok=True)
+    cpu = host_target().cpu
+    chosen = [w.strip() for w in args.only.split(",") if w.strip()]
+    if args.measure:
+        for _, label, source, name, sizes in kernel_set():
+            if label in chosen:
+                measure(label, source, name, sizes, args.measure,
+                        os.path.join(args.data, f"{cpu}_{label.replace(' ', '_').replace('/', '_')}.jsonl"))
+    paths = sorted(glob.glob(os.path.join(args.data, f"{cpu}_*.jsonl")))
+    if not paths:
+        print(f"no measured pools for {cpu} in {args.data}: run with --measure N first", file=sys.stderr)
+        return 2
+    print(f"# {cpu}: searches of {args.trials} candidates replayed on measured pools, {args.seeds} seeds, "
+          f"noise {args.noise:.0%}\n")
+    print("| kernel | candidates | distinct IR | best gain | within 5% of best | random | model |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    means: dict = {"random": [], "model": []}
+    for path in paths:
+        rows = load(path)
+        times = [r["median"] for r in rows if r["median"]]
+        gains = {s: statistics.mean(replay(rows, s, args.trials, seed, args.noise) for seed in range(args.seeds))
+                 for s in means}
+        for s, g in gains.items():
+            means[s].append(g)
+        print(f"| {rows[0]['kernel']} | {len(rows)} | {len({r['ir'] for r in rows})} | "
+              f"{rows[0]['median'] / min(times):.3f} | {sum(t <= 1.05 * min(times) for t in times)} | "
+              f"{gains['random']:.3f} | {gains['model']:.3f} |", flush=True)
+    geo = {s: math.exp(statistics.mean(math.log(g) for g in v)) for s, v in means.items()}
+    print(f"\ngeometric mean gain: random {geo['random']:.3f}, model {geo['model']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
