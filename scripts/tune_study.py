@@ -70,9 +70,9 @@ def measure(label: str, source: str, name: str, sizes: dict, count: int, path: s
             jobs = [MeasureJob(source, name, base.sizes, threads, spec_of(p)) for p in proposals[start:start + 8]]
             for job, error in zip(jobs, run_jobs(compile_or_error, jobs, target.cores)):
                 outcome = time_candidate(job, reference) if not error else dict(median=None)
+                ir = ir_fingerprint(source, name, sizes, job.spec, target) if not error else ""
                 f.write(json.dumps(dict(kernel=label, genes=search.seen[job.spec], spec=job.spec,
-                                        median=outcome["median"], ir=ir_fingerprint(source, name, sizes, job.spec,
-                                                                                    target) if not error else "")) + "\n")
+                                        median=outcome["median"], ir=ir)) + "\n")
         print(f"measured {label}: {len(proposals)} candidates -> {path}", file=sys.stderr)
 
 
