@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 import islpy as isl
+import numpy as np
 
 from ..errors import RangeError, SemanticError
 from ..lang import ast as L
@@ -126,11 +127,28 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
 
 
 def _is_identity(e: L.Expr, op: str, dtype: str) -> bool:
-    """Whether ``e`` is a literal equal to the identity of reduction ``op`` on ``dtype`` (``0`` for ``+=``)."""
-    value = identity_value(op, dtype)
-    if isinstance(e, L.Unary) and e.op == "-" and isinstance(e.operand, L.Const):
-        return -e.operand.value == value
-    return isinstance(e, L.Const) and e.value == value
+    """Whether ``e`` is a constant equal to the identity of reduction ``op`` on ``dtype`` (``0`` for ``+=``;
+    for a float ``max=``, minus infinity, which the language writes ``-1.0 / 0.0``)."""
+    value = _constant(e)
+    return value is not None and not isinstance(value, bool) and value == identity_value(op, dtype)
+
+
+def _constant(e: L.Expr):
+    """The value of ``e`` when it is made of literals, ``-`` and float ``+ - * /`` only (``-1.0 / 0.0`` is
+    minus infinity, as the generated code computes it), else None."""
+    if isinstance(e, L.Const):
+        return e.value
+    if isinstance(e, L.Unary) and e.op == "-":
+        value = _constant(e.operand)
+        return None if value is None else -value
+    if isinstance(e, L.Binary) and e.op in "+-*/" and e.dtype is not None and e.dtype.startswith("float"):
+        lhs, rhs = _constant(e.lhs), _constant(e.rhs)
+        if lhs is None or rhs is None:
+            return None
+        with np.errstate(all="ignore"):
+            a, b = np.float64(lhs), np.float64(rhs)
+            return float({"+": a + b, "-": a - b, "*": a * b, "/": a / b}[e.op])
+    return None
 
 
 def guard_into_domain(rhs: L.Expr, op: str, dtype: str, domain: isl.Set, indices, sizes: dict, ranges: dict,

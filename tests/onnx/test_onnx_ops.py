@@ -220,3 +220,34 @@ def test_pad_past_the_extent_is_a_clean_error(mode, pads, limit):
     model = testing.one_node_model(node, inputs, {"p": i64(pads)}, 13)
     with pytest.raises(polyc.errors.UnsupportedError, match=rf"Pad mode {mode} .* \(at most {limit}\) on node the_pad"):
         polyc.onnx.compile(model)
+
+
+def test_max_pool_padding_never_wins_over_minus_infinity():
+    """MaxPool's padding is excluded (ONNX's reference): a window of -inf inputs and padding is -inf, not the
+    lowest finite float a padded fill would give (onnxruntime gives that at some edges, so the reference here
+    is onnx's ReferenceEvaluator); finite inputs are unchanged. The fill is max=!'s identity, so the build
+    moves the guard on the rows (not the vectorized columns) into the iteration domain: the taps in the
+    padding rows are never visited."""
+    from onnx import TensorProto
+    from onnx.reference import ReferenceEvaluator
+
+    from polyc.poly.build import build_scop
+
+    shape = [1, 3, 7, 6]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 3])
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=[helper.make_opsetid("", 13)])
+    rng = np.random.default_rng(5)
+    a = np.full(shape, -np.inf, np.float32)
+    a[0, 1] = rng.standard_normal(shape[2:]).astype(np.float32)
+    a[0, 2, 0, 0] = 2.0
+    want = ReferenceEvaluator(model).run(None, {"x": a})[0]
+    compiled = polyc.onnx.compile(model)
+    got = compiled.run({"x": a})[0]
+    assert np.array_equal(got, want)
+    assert np.isneginf(got[0, 0]).all() and got[0, 2, 0, 0] == 2.0
+    step, = compiled.steps
+    update = build_scop(step.kernel.checked, dict(step.sizes)).statements[-1]
+    # 3 channels x 4 x 3 outputs x 3 x 3 taps, less the taps in padding rows (rows -1 and 7: 3 x 2 x 3 x 3)
+    assert update.domain.count_val().to_python() == 3 * 4 * 3 * 9 - 3 * 2 * 3 * 3

@@ -453,8 +453,12 @@ def max_pool(b: Builder, node):
     first = 1 if attr(node, LAYOUT_ATTR) == NHWC else 2
     nsp, kernel, strides, dil, pb = _pool_geometry(b, node, x, ys, first)
 
+    # the padding is max=!'s identity (minus infinity for floats): it never wins, even over -inf inputs (as the
+    # ONNX reference; a finite fill such as -FLT_MAX would), and the build moves its guards into the domain
+    fill = f"({lit(-1.0, x.dtype)} / {zero(x.dtype)})" if x.dtype.kind == "f" else lowest(x.dtype)
+
     def body(idx, red):
-        return _window_read(x, ys, idx, red, nsp, kernel, strides, dil, pb, lowest(x.dtype), first)
+        return _window_read(x, ys, idx, red, nsp, kernel, strides, dil, pb, fill, first)
     real, names = reduction_dims(kernel)
     return [b.emit(ys, x.dtype, lambda idx, red: body(idx, names(red)), reduce_op_for(real, "max=!"), real)]
 
