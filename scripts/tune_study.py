@@ -90,23 +90,11 @@ def load(path: str) -> list[dict]:
     return rows
 
 
-def choices_of(rows: list[dict]) -> dict:
-    """The space as the rows' genes span it (ordered genes sorted), for ModelSearch's features."""
-    choices: dict = {}
-    for r in rows:
-        for gene, value in r["genes"].items():
-            if value not in choices.setdefault(gene, []):
-                choices[gene].append(value)
-    for gene, values in choices.items():
-        if gene.startswith("tile.") or gene in ("rows", "cols"):
-            values.sort()
-    return choices
-
-
-def replay(rows: list[dict], strategy: str, trials: int, seed: int, noise: float) -> float:
-    """One search of ``trials`` picks from the measured pool (see the module docstring); its gain."""
+def replay(rows: list[dict], choices: dict, strategy: str, trials: int, seed: int, noise: float) -> float:
+    """One search of ``trials`` picks from the measured pool (see the module docstring); its gain. ``choices``:
+    the kernel's space (:func:`polyc.tune.search.space`), for the model's features."""
     rng = random.Random(seed)
-    model = ModelSearch(choices_of(rows), seed=seed) if strategy == "model" else None
+    model = ModelSearch(choices, seed=seed) if strategy == "model" else None
     default, pool = rows[0], list(rows[1:])
     rng.shuffle(pool)
     seen = {id(default): default["median"] * math.exp(rng.gauss(0, noise))}
@@ -152,11 +140,14 @@ def main(argv=None) -> int:
     print("| kernel | candidates | distinct IR | best gain | within 5% of best | random | model |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     means: dict = {"random": [], "model": []}
+    defs = {label: (source, name) for _, label, source, name, _ in kernel_set()}
     for path in paths:
         rows = load(path)
+        source, name = defs[rows[0]["kernel"]]
+        choices = space(Kernel(source, name, Options(threads=1), records=False), host_target())
         times = [r["median"] for r in rows if r["median"]]
-        gains = {s: statistics.mean(replay(rows, s, args.trials, seed, args.noise) for seed in range(args.seeds))
-                 for s in means}
+        gains = {s: statistics.mean(replay(rows, choices, s, args.trials, seed, args.noise)
+                                    for seed in range(args.seeds)) for s in means}
         for s, g in gains.items():
             means[s].append(g)
         print(f"| {rows[0]['kernel']} | {len(rows)} | {len({r['ir'] for r in rows})} | "

@@ -141,7 +141,7 @@ def _constant(e: L.Expr):
     if isinstance(e, L.Unary) and e.op == "-":
         value = _constant(e.operand)
         return None if value is None else -value
-    if isinstance(e, L.Binary) and e.op in "+-*/" and e.dtype is not None and e.dtype.startswith("float"):
+    if isinstance(e, L.Binary) and e.op in ("+", "-", "*", "/") and e.dtype is not None and e.dtype.startswith("float"):
         lhs, rhs = _constant(e.lhs), _constant(e.rhs)
         if lhs is None or rhs is None:
             return None

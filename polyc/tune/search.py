@@ -234,7 +234,8 @@ class ModelSearch(Evolution):
         x = np.array([self.features(g) for g, _ in scored])
         y = np.array([math.log(t) if t is not None else worst for _, t in scored])
         forest = self._forest().fit(x, y)
-        per_tree = np.array([tree.predict(np.array([self.features(g) for g in pool])) for tree in forest.estimators_])
+        candidates = np.array([self.features(g) for g in pool])
+        per_tree = np.array([tree.predict(candidates) for tree in forest.estimators_])
         bound = per_tree.mean(axis=0) - self.KAPPA * per_tree.std(axis=0)
         return [pool[k] for k in np.argsort(bound, kind="stable")]
 
