@@ -80,7 +80,7 @@ def lower(checked: L.CheckedDef, sizes: dict, options: Options, target: Target,
                                 show=lambda v: tree_text(v[0]))
     promoted, transformed = log("promoted", promote, scop, transformed, packings, target, options, constants,
                                 show=lambda v: tree_text(v[1]) if packings else None)
-    ast = log("ast", build_ast, transformed, show=ast_to_c)
+    ast = log("ast", build_ast, transformed, scop.context, show=ast_to_c)
     return Lowered(promoted, deps, schedule, transformed, ast)
 
 

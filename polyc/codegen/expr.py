@@ -75,6 +75,9 @@ class Env:
     strides: dict[str, int] = field(default_factory=dict)
     mask: ir.Value | None = None  # i1 / <lanes x i1>: reads happen only where it is true (a ?: guard)
     safe_reads: frozenset = frozenset()  # reads in bounds whatever the mask (PolyStatement.safe_reads)
+    #: a generic kernel's run-time sizes (i64): each parameter by name, each size-dependent extent as
+    #: ``"T.k"`` (tensor ``T``'s dimension ``k``); empty when specialised
+    sizes: dict[str, ir.Value] = field(default_factory=dict)
 
 
 # ---- integer division with floor semantics and no undefined behaviour ----
@@ -222,6 +225,8 @@ def emit_expr(env: Env, e: L.Expr, b: ir.IRBuilder) -> ir.Value:
 
 def _emit_ident(env: Env, e: L.Ident, b: ir.IRBuilder) -> ir.Value:
     if e.kind == "size":
+        if e.name in env.sizes:
+            return splat(b, convert(b, env.sizes[e.name], "int64", e.dtype), env.lanes)
         return const(llvm_type(e.dtype, env.lanes), env.scop.sizes[e.name])
     if e.kind == "scalar":
         value = load_scalar(env, e.name, b)
@@ -486,7 +491,7 @@ def index_value(env: Env, e: L.Expr, b: ir.IRBuilder, nsw: bool = True) -> ir.Va
     if isinstance(e, L.Ident) and e.kind == "index":
         return env.indices[e.name]
     if isinstance(e, L.Ident) and e.kind == "size":
-        return const(I64, env.scop.sizes[e.name])
+        return env.sizes[e.name] if e.name in env.sizes else const(I64, env.scop.sizes[e.name])
     if isinstance(e, L.Cast) and e.to in _INDEX_DTYPES + ("uint64",) and e.operand.dtype in _INDEX_DTYPES:
         x = index_value(env, e.operand, b, nsw)
         return x if x is None or e.to == "uint64" else _wrap(b, x, e.to, cast=True)
@@ -557,7 +562,13 @@ def flat_index(env: Env, tensor: str, dims: list[ir.Value], b: ir.IRBuilder) -> 
     analysis then tells their accumulators apart and keeps them in registers (an ``add`` that instcombine
     turned into an ``or`` hid this before).
     """
-    shape = env.scop.tensor(tensor).shape
+    shape = extent_values(env, tensor)
+    if any(not isinstance(extent, int) for extent in shape):  # a generic kernel: Horner's rule at run time
+        flat = const(I64, 0)
+        for extent, value in zip(shape, dims):
+            flat = b.add(b.mul(flat, const(I64, extent) if isinstance(extent, int) else extent, flags=("nsw",)),
+                         value, flags=("nsw",))
+        return flat
     flat = None
     offset = 0
     for extent, value in zip(shape, dims):
@@ -570,6 +581,15 @@ def flat_index(env: Env, tensor: str, dims: list[ir.Value], b: ir.IRBuilder) -> 
     if flat is None:
         return const(I64, offset)
     return b.add(flat, const(I64, offset), flags=("nsw",)) if offset else flat
+
+
+def extent_values(env: Env, tensor: str) -> list:
+    """The extents of ``tensor``: ints, and in a generic kernel i64 values for those that depend on the
+    sizes (``env.sizes["T.k"]``)."""
+    t = env.scop.tensor(tensor)
+    if not t.extents:
+        return list(t.shape)
+    return [env.sizes[f"{tensor}.{k}"] if type(e) is not int else e for k, e in enumerate(t.extents)]
 
 
 def _split_constant(value: ir.Value) -> tuple[ir.Value | None, int]:
@@ -601,7 +621,7 @@ def access_offset(env: Env, e: L.Access, b: ir.IRBuilder) -> ir.Value:
     if len(e.args) != len(t.shape):
         raise CompileError(f"codegen: {e.tensor} has {len(t.shape)} dimensions but is read with {len(e.args)}")
     dims = []
-    for extent, arg in zip(t.shape, e.args):
+    for extent, arg in zip(extent_values(env, e.tensor), e.args):
         check = e.checked or is_data_dependent(arg)
         value = None if is_data_dependent(arg) else index_value(env, arg, b, nsw=not check)
         if value is None:
@@ -610,7 +630,7 @@ def access_offset(env: Env, e: L.Access, b: ir.IRBuilder) -> ir.Value:
             scalar = env if env.lanes == 1 else dataclasses.replace(env, lanes=1, strides={})
             value = to_i64(b, emit_expr(scalar, arg, b), arg.dtype)
         if check:
-            in_range = b.icmp_unsigned("<", value, const(I64, extent))
+            in_range = b.icmp_unsigned("<", value, const(I64, extent) if isinstance(extent, int) else extent)
             ok = b.append_basic_block(ir_name(f"{e.tensor}.index_ok"))
             b.cbranch(in_range, ok, env.fail())
             b.position_at_end(ok)
@@ -769,18 +789,20 @@ def flat_stride(scop: Scop, tensor: str, args, strides: dict[str, int]) -> int |
     """
     t = scop.tensor(tensor)
     shape = t.shape
-    total, step = 0, 1
-    for extent, arg in reversed(list(zip(shape, args))):
+    symbolic = [type(e) is not int for e in t.extents] if t.extents else [False] * len(shape)
+    total, step, unknown = 0, 1, False  # unknown: step depends on the sizes (a generic kernel)
+    for extent, arg, varies in reversed(list(zip(shape, args, symbolic))):
         if (t.role == "local" or t.packed) and isinstance(arg, L.Binary) and arg.op in ("/", "%") \
                 and isinstance(arg.rhs, L.Const):
             s = index_stride(arg.lhs, strides)
             s = None if s is None else (0 if arg.op == "/" else s)
         else:
             s = index_stride(arg, strides)
-        if s is None:
+        if s is None or (s and unknown):
             return None
         total += s * step
         step *= extent
+        unknown = unknown or varies
     return total
 
 

@@ -32,6 +32,7 @@ from llvmlite import ir
 
 from ..errors import CompileError
 from ..options import Options
+from ..poly.affine import isl_name
 from ..poly.marks import parse_mark
 from ..poly.scop import Scop
 from ..poly.strategy import threads as thread_count
@@ -77,8 +78,11 @@ def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: 
     fn = ir.Function(module, ir.FunctionType(I32, [PTR]), scop.name)
     fn.args[0].name = "args"
     fn.attributes.add("nounwind")
-    region, _ = kernel.new_region(f"{scop.name}.body", [])
-    end = emit_node(kernel, region, ast, region.start) if ast is not None else region.start
+    params = [isl_name(p) for p in scop.params]
+    region, values = kernel.new_region(f"{scop.name}.body", params)
+    region.ids.update(zip(params, values))
+    start = _bind_extents(kernel, region) if scop.params else region.start
+    end = emit_node(kernel, region, ast, start) if ast is not None else start
     ir.IRBuilder(end).ret(ir.Constant(I32, 0))
 
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -90,9 +94,15 @@ def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: 
             continue
         slot = b.gep(fn.args[0], [ir.Constant(I64, i)], inbounds=True, source_etype=PTR)
         pointers.append(b.load(slot, name=X.ir_name(t.name), typ=PTR, align=8))
-    shadows = _allocate_shadows(kernel, fn, b)
+    sizes = []
+    if params:  # a generic kernel: after the tensors, a pointer to its sizes (int64, Scop.params order)
+        slot = b.gep(fn.args[0], [ir.Constant(I64, len(scop.tensors))], inbounds=True, source_etype=PTR)
+        array = b.load(slot, name="sizes", typ=PTR, align=8)
+        sizes = [b.load(b.gep(array, [ir.Constant(I64, i)], inbounds=True, source_etype=I64), name=p, typ=I64,
+                        align=8) for i, p in enumerate(params)]
+    shadows = _allocate_shadows(kernel, fn, b, dict(zip(params, sizes)))
     locals_ += shadows[1]
-    status = b.call(region.fn, pointers + [shadows[0]])
+    status = b.call(region.fn, pointers + [shadows[0]] + sizes)
     free = X.declare(module, "free", ir.FunctionType(ir.VoidType(), [PTR]))
     for p in locals_:
         b.call(free, [p])
@@ -100,7 +110,31 @@ def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: 
     return fn
 
 
-def _allocate_shadows(k: KernelEmitter, fn: ir.Function, b: ir.IRBuilder) -> tuple[ir.Value, list[ir.Value]]:
+def _bind_extents(k: KernelEmitter, r: Region) -> ir.Block:
+    """Bind each size-dependent extent of a generic kernel's tensors as id ``"T.k"`` in ``r`` (evaluated once
+    at the start, from the parameters, through isl's AST expression of it:
+    ``isl_ast_build_expr_from_pw_aff``); returns the block to continue in."""
+    b = ir.IRBuilder(r.start)
+    for name, value in extent_values(k, r.ids, b).items():
+        r.ids[name] = value
+    return b.block
+
+
+def extent_values(k: KernelEmitter, ids: dict, b: ir.IRBuilder) -> dict[str, ir.Value]:
+    """``"T.k"`` → the i64 value of each size-dependent extent of a generic kernel, from the parameters in
+    ``ids`` (by isl name)."""
+    build = isl.AstBuild.from_context(k.scop.context)
+    values = {}
+    for t in k.scop.tensors:
+        for j, e in enumerate(t.extents):
+            if type(e) is not int:
+                expr = build.expr_from_pw_aff(isl.PwAff(f"{k.scop.prefix}{{ [({e.text})] }}"))
+                values[f"{t.name}.{j}"] = emit_isl_expr(ids, expr, b)
+    return values
+
+
+def _allocate_shadows(k: KernelEmitter, fn: ir.Function, b: ir.IRBuilder,
+                      params: dict | None = None) -> tuple[ir.Value, list[ir.Value]]:
     """``(array, buffers)``: one zeroed shadow buffer (``calloc``: 8 bytes per element of the tensor, two for
     float64, see :func:`~polyc.codegen.sums.fold_sum`) per tensor in ``k.shadows``, and the array of their
     pointers the region functions take as :data:`~polyc.codegen.region.SHADOWS` (a null pointer when there is
@@ -113,9 +147,16 @@ def _allocate_shadows(k: KernelEmitter, fn: ir.Function, b: ir.IRBuilder) -> tup
     array = b.alloca(ir.ArrayType(PTR, len(k.shadows)), name="shadows")
     array.type = PTR
     buffers, failed = [], ir.Constant(I1, 0)
+    extents = extent_values(k, params, b) if params else {}
     for i, name in enumerate(k.shadows):
         t = k.scop.tensor(name)
-        p = b.call(calloc, [ir.Constant(I64, max(1, t.size)), ir.Constant(I64, 16)],
+        count = ir.Constant(I64, max(1, t.size))
+        if t.extents:  # a generic kernel: the product of the extents at run time (at least 1)
+            count = ir.Constant(I64, 1)
+            for j, e in enumerate(t.extents):
+                count = b.mul(count, extents[f"{name}.{j}"] if type(e) is not int else ir.Constant(I64, e))
+            count = smax(b, count, ir.Constant(I64, 1))
+        p = b.call(calloc, [count, ir.Constant(I64, 16)],
                    name=X.ir_name(f"{name}.shadow"))
         b.store(p, b.gep(array, [ir.Constant(I64, i)], inbounds=True, source_etype=PTR))
         failed = b.or_(failed, b.icmp_unsigned("==", p, ir.Constant(PTR, None)))

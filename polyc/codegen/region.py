@@ -21,6 +21,7 @@ from llvmlite import ir
 from ..errors import CompileError
 from ..lang import ast as L
 from ..options import Options
+from ..poly.affine import isl_name
 from ..poly.scop import PolyStatement, Scop
 from ..target import Target
 from . import expr as X
@@ -87,7 +88,23 @@ class KernelEmitter:
 
     def env(self, region: Region, indices: dict[str, ir.Value], stmt: PolyStatement) -> X.Env:
         """The environment ``stmt``'s expressions are emitted in (scalar)."""
-        return X.Env(self.module, self.scop, region.tensors, indices, region.fail, safe_reads=stmt.safe_reads)
+        return X.Env(self.module, self.scop, region.tensors, indices, region.fail, safe_reads=stmt.safe_reads,
+                     sizes=self.size_values(region))
+
+    def size_values(self, region: Region) -> dict[str, ir.Value]:
+        """A generic kernel's run-time sizes in ``region`` (:attr:`polyc.codegen.expr.Env.sizes`): the
+        parameters and the size-dependent extents, bound as ids (:func:`polyc.codegen.llvm.emit_kernel`), so
+        that outlined parallel bodies receive them with the loop iterators. Empty when specialised."""
+        return {name: region.ids[isl_id] for name, isl_id in self.size_ids}
+
+    @property
+    def size_ids(self) -> list[tuple[str, str]]:
+        """``(name, id)`` of :meth:`size_values`: each parameter (``Scop.params``, its id isl's spelling),
+        then ``"T.k"`` per extent of a tensor that depends on the sizes."""
+        names = [(p, isl_name(p)) for p in self.scop.params]
+        for t in self.scop.tensors:
+            names += [(f"{t.name}.{k}",) * 2 for k, e in enumerate(t.extents) if type(e) is not int]
+        return names
 
     def pointer_names(self) -> list[str]:
         """The pointer arguments of every region function: the tensors in Scop order, then :data:`SHADOWS`."""

@@ -1,7 +1,8 @@
 """Lang expressions → isl affine text.
 
 Index expressions and guards of the language become isl's own text so that domains and access relations are
-written the way isl prints them. Sizes are specialised: a size is replaced by its value.
+written the way isl prints them. A size is replaced by its value; in a generic kernel, where its value is a
+:class:`Sym`, by its isl parameter.
 
     >>> affine_text(parse_expr("2*h + kh - 1"), {"h", "kh"}, {})
     '((2 * h) + kh) - 1'
@@ -36,6 +37,102 @@ INT_RANGE = {"int8": (-2**7, 2**7 - 1), "int16": (-2**15, 2**15 - 1), "int32": (
              "uint32": (0, 2**32 - 1)}
 #: Dtypes whose arithmetic the generated index code does in 64 bits without wrapping (the others wrap).
 WIDE = ("int32", "int64")
+
+#: The largest extent a size of a generic kernel may take (its isl context: ``1 <= N <= SIZE_MAX``); the
+#: index arithmetic is analysed for overflow with sizes up to it.
+SIZE_MAX = 1 << 24
+
+
+class Sym(int):
+    """An integer that depends on the sizes of a generic kernel (isl parameters): ``int(s)`` is its value at
+    the hint sizes (what the strategy's decisions use), ``str(s)`` its isl text in the parameters (``(H -
+    KH + 1)``). Sums, differences, negation, and products and floor quotients by an int stay symbolic; every
+    other operation is the int's."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str):
+        obj = int.__new__(cls, int(value))
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return f"({self.text})"
+
+    def __repr__(self) -> str:  # as error messages show a shape
+        return self.text
+
+    def __add__(self, other):
+        if isinstance(other, int) and not isinstance(other, Sym) and other == 0:
+            return self
+        return Sym(int(self) + int(other), f"{self} + {_sym_text(other)}") if isinstance(other, int) else NotImplemented
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        if isinstance(other, int) and not isinstance(other, Sym) and other == 0:
+            return self
+        return Sym(int(self) - int(other), f"{self} - {_sym_text(other)}") if isinstance(other, int) else NotImplemented
+
+    def __rsub__(self, other):
+        return Sym(int(other) - int(self), f"{_sym_text(other)} - {self}") if isinstance(other, int) else NotImplemented
+
+    def __neg__(self):
+        return Sym(-int(self), f"-{self}")
+
+    def __mul__(self, other):
+        if isinstance(other, Sym):
+            raise TypeError("a product of two sizes is not affine")
+        return Sym(int(self) * other, f"{other} * {self}") if isinstance(other, int) else NotImplemented
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, other):
+        if isinstance(other, Sym) or not isinstance(other, int) or other <= 0:
+            raise TypeError("only a floor quotient by a positive integer is affine")
+        return Sym(int(self) // other, f"floor({self}/{other})")
+
+
+def _sym_text(x) -> str:
+    return str(x) if isinstance(x, Sym) else f"({int(x)})"
+
+
+def parameters(sizes: dict) -> tuple[str, ...]:
+    """The sizes among ``sizes`` that are isl parameters: those whose value is a :class:`Sym` of their own
+    (isl) name."""
+    return tuple(k for k, v in sizes.items() if isinstance(v, Sym) and v.text == isl_name(k))
+
+
+def param_prefix(sizes: dict) -> str:
+    """``"[M, N] -> "``: the declaration isl text over the parameters of ``sizes`` starts with (``""``
+    without any)."""
+    names = parameters(sizes)
+    return f"[{', '.join(isl_name(n) for n in names)}] -> " if names else ""
+
+
+def size_context(sizes: dict) -> isl.Set:
+    """The parameter values a generic kernel serves: ``[M, N] -> { : 1 <= M <= SIZE_MAX and ... }``."""
+    bounds = [f"1 <= {isl_name(n)} <= {SIZE_MAX}" for n in parameters(sizes)]
+    return isl.Set(f"{param_prefix(sizes)}{{ : {' and '.join(bounds) or 'true'} }}")
+
+
+def hint_values(sizes: dict) -> isl.Set:
+    """The parameters fixed to their hint values: ``[M, N] -> { : M = 64 and N = 32 }``."""
+    fixed = [f"{isl_name(n)} = {int(sizes[n])}" for n in parameters(sizes)]
+    return isl.Set(f"{param_prefix(sizes)}{{ : {' and '.join(fixed) or 'true'} }}")
+
+
+def sym_value(text: str, sizes: dict) -> "Sym":
+    """The :class:`Sym` of isl text ``text`` over the parameters of ``sizes`` (its value at the hint)."""
+    point = isl.Set(f"{param_prefix(sizes)}{{ [x] : x = {text} }}").intersect_params(hint_values(sizes))
+    return Sym(int(point.sample_point().get_coordinate_val(isl.dim_type.set, 0).to_python()), text)
+
+
+def aff_text(aff: isl.Aff) -> str:
+    """The expression of a one-output affine function in isl's text: ``[H, KH] -> { [(H - KH)] }`` gives
+    ``H - KH``."""
+    text = aff.to_str()
+    return text[text.index("{ [(") + 4:text.rindex(")] }")]
 
 
 def affine_text(expr: L.Expr, indices: set[str] | frozenset[str], sizes: dict, ranges: dict | None = None, *,
@@ -76,9 +173,13 @@ def _affine(e: L.Expr, indices, sizes: dict, ranges: dict, allow_wrap: bool, exa
     if isinstance(e, L.Ident):
         if e.name in indices:
             lo, hi = ranges.get(e.name, (INT_RANGE["int32"][0], INT_RANGE["int32"][1] + 1))
+            lo, hi = (-SIZE_MAX if isinstance(lo, Sym) else lo), (SIZE_MAX if isinstance(hi, Sym) else hi)
             return isl_name(e.name), lo, hi - 1
         if e.name in sizes:
-            return str(sizes[e.name]), sizes[e.name], sizes[e.name]
+            value = sizes[e.name]
+            if isinstance(value, Sym):  # a parameter: any value a size may take
+                return str(value), -SIZE_MAX, SIZE_MAX
+            return str(value), value, value
         return None
 
     def sub(x):
@@ -167,8 +268,13 @@ def constant_value(expr: L.Expr, sizes: dict) -> int | None:
     if isinstance(expr, L.Const) and expr.dtype is None:  # untyped (not yet checked)
         return expr.value if isinstance(expr.value, int) and not isinstance(expr.value, bool) else None
     found = _affine(expr, frozenset(), sizes, {}, True, False)
-    if found is None or found[1] != found[2]:
+    if found is None:
         return None
+    if found[1] != found[2]:  # with parameters: a Sym, when the value at the hint is fixed
+        if not parameters(sizes):
+            return None
+        hint = _affine(expr, frozenset(), {k: int(v) for k, v in sizes.items()}, {}, True, False)
+        return None if hint is None or hint[1] != hint[2] else Sym(hint[1], found[0])
     return found[1]
 
 

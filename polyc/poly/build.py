@@ -33,8 +33,8 @@ import numpy as np
 from ..errors import RangeError, SemanticError
 from ..lang import ast as L
 from ..lang.printer import format_expr
-from .affine import (affine_text, children, constant_value, element_stride, guard_text, index_names, isl_name,
-                     accesses_in, with_children)
+from .affine import (Sym, accesses_in, aff_text, affine_text, children, constant_value, element_stride, guard_text,
+                     index_names, isl_name, param_prefix, parameters, size_context, sym_value, with_children)
 from .scop import PolyStatement, Scop, Tensor, identity_value
 
 
@@ -76,6 +76,8 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
     dimensions = _dimension_names(checked)
     sizes = dict(sizes)
     _bind_dimensions(sizes, dimensions, shapes)
+    prefix = param_prefix(sizes)
+    context = size_context(sizes)
     origins: dict[str, tuple[int, ...]] = {}
     statements: list[PolyStatement] = []
     ranges: dict = {}
@@ -83,6 +85,10 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
         for cs in checked.statements:
             stmt_ranges, constraints = infer_ranges(cs, shapes, sizes, checked.source, origins)
             if cs.stmt.tensor not in shapes:
+                if any(isinstance(stmt_ranges[i][0], Sym) for i in cs.lhs_indices):
+                    raise RangeError(f"the first write of '{cs.stmt.tensor}' starts at an index that depends on "
+                                     "the sizes; a generic kernel needs it constant", cs.stmt.span, checked.source,
+                                     hint="give the range with a where clause starting at a constant")
                 shapes[cs.stmt.tensor] = tuple(stmt_ranges[i][1] - stmt_ranges[i][0] for i in cs.lhs_indices)
                 if any(stmt_ranges[i][0] for i in cs.lhs_indices):
                     origins[cs.stmt.tensor] = tuple(stmt_ranges[i][0] for i in cs.lhs_indices)
@@ -92,22 +98,22 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
             stmt_ranges = {i: (lo - shift.get(i, 0), hi - shift.get(i, 0)) for i, (lo, hi) in stmt_ranges.items()}
             if cs.stmt.initializes:
                 name = f"S{len(statements)}"
-                init_domain = _box(name, cs.lhs_indices, stmt_ranges)
+                init_domain = _box(name, cs.lhs_indices, stmt_ranges, prefix).intersect_params(context)
                 dtype = checked.tensor(cs.stmt.tensor).dtype
                 init = L.Const(identity_value(cs.stmt.reduction_op, dtype), dtype=dtype)
                 statements.append(_statement(name, cs.lhs_indices, init_domain, cs, "init", init, sizes, shapes,
                                              stmt_ranges, checked.source))
             name = f"S{len(statements)}"
-            indices = cs.lhs_indices + reduction_order(cs, checked, shapes, sizes)
+            indices = cs.lhs_indices + reduction_order(cs, checked, _at_hint(shapes), _at_hint(sizes))
             for index in indices:
-                ranges[(name, index)] = stmt_ranges[index]
+                ranges[(name, index)] = tuple(int(v) for v in stmt_ranges[index])  # at the hint
             box = [f"{stmt_ranges[i][0] + shift.get(i, 0)} <= {isl_name(i)} < {stmt_ranges[i][1] + shift.get(i, 0)}"
                    for i in indices]
-            domain = isl.Set(_set_text(name, indices, box + constraints))
+            domain = isl.Set(prefix + _set_text(name, indices, box + constraints)).intersect_params(context)
             if any(shift.values()):  # the constraints are in logical coordinates: translate to storage ones
                 dims = ", ".join(isl_name(i) for i in indices)
                 moved = ", ".join(f"{isl_name(i)} - ({shift.get(i, 0)})" for i in indices)
-                domain = domain.apply(isl.Map(f"{{ {name}[{dims}] -> {name}[{moved}] }}"))
+                domain = domain.apply(isl.Map(f"{prefix}{{ {name}[{dims}] -> {name}[{moved}] }}"))
                 for k, i in enumerate(indices):
                     domain = domain.set_dim_name(isl.dim_type.set, k, isl_name(i))
             if cs.stmt.reduction_op in ("+=", "*=", "max=", "min="):
@@ -118,12 +124,20 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
                                          sizes, shapes, stmt_ranges, checked.source))
     except isl.Error as exc:  # a polyc bug: the text we built is not isl's
         raise SemanticError(f"internal error building the polyhedral model: {exc}") from None
-    tensors = tuple(Tensor(t.name, t.dtype, shapes[t.name], t.role, origin=origins.get(t.name, ()))
+    params = parameters(sizes)
+    tensors = tuple(Tensor(t.name, t.dtype, _at_hint(shapes)[t.name], t.role, origin=origins.get(t.name, ()),
+                           extents=tuple(shapes[t.name]) if params else ())
                     for t in checked.tensors)
-    scop = Scop(checked.name, tensors, tuple(statements), dict(sizes), ranges, (), checked.source)
+    scop = Scop(checked.name, tensors, tuple(statements), _at_hint(sizes), ranges, (), checked.source, params,
+                context if params else None)
     for s in scop.statements:
         check_bounds(s, scop, checked.source)
     return scop
+
+
+def _at_hint(values: dict) -> dict:
+    """``values`` (sizes, or shapes) with every :class:`~polyc.poly.affine.Sym` as its value at the hint."""
+    return {k: (tuple(int(x) for x in v) if isinstance(v, tuple) else int(v)) for k, v in values.items()}
 
 
 def _is_identity(e: L.Expr, op: str, dtype: str) -> bool:
@@ -182,7 +196,8 @@ def guard_into_domain(rhs: L.Expr, op: str, dtype: str, domain: isl.Set, indices
         for cond in parts:
             text = None if innermost in index_names(cond) else \
                 guard_text(cond, index_set, sizes, negate=negate, ranges=box)
-            restricted = domain.intersect(isl.Set(f"{{ {name}[{dims}] : {text} }}")) if text else None
+            restricted = domain.intersect(isl.Set(f"{param_prefix(sizes)}{{ {name}[{dims}] : {text} }}")) \
+                if text else None
             if restricted is None or restricted.is_empty():
                 stay.append(cond)
             else:
@@ -289,6 +304,7 @@ def infer_ranges(cs: L.CheckedStatement, shapes: dict, sizes: dict, source: str,
     """
     stmt = cs.stmt
     origins = origins or {}
+    prefix = param_prefix(sizes)
     ranges: dict[str, tuple[int, int]] = {}
     constraints: list[str] = []
     for clause in stmt.where:
@@ -342,21 +358,21 @@ def infer_ranges(cs: L.CheckedStatement, shapes: dict, sizes: dict, source: str,
                 others = [n for n in c.names if n != index]
                 inside = f"{c.lo} <= {c.text} < {c.hi}"
                 sides = [f"{c.lo} <= {c.text}", f"{c.text} < {c.hi}"]
-                every_set = _in_bounds_set(index, others, ranges, sides)
+                every_set = _in_bounds_set(index, others, ranges, sides, prefix)
                 every = every_set if every is None else every.intersect(every_set)
                 if c.conds is None:
                     constraints.append(inside)
                     kept = sides
                 else:
                     constraints.append(f"(not ({' and '.join(c.conds)}) or ({inside}))" if c.conds else inside)
-                    kept = [side for side in sides if not _guard_proves(index, others, c, ranges, side)]
-                strict_set = _in_bounds_set(index, others, ranges, kept) if kept else None
+                    kept = [side for side in sides if not _guard_proves(index, others, c, ranges, side, prefix)]
+                strict_set = _in_bounds_set(index, others, ranges, kept, prefix) if kept else None
                 if strict_set is not None:
                     strict = strict_set if strict is None else strict.intersect(strict_set)
             if every is None:
                 continue
-            lo = _side(strict, every, "min")
-            hi = _side(strict, every, "max")
+            lo = _side(strict, every, "min", sizes)
+            hi = _side(strict, every, "max", sizes)
             if every.is_empty() or (strict is not None and strict.is_empty()) or lo is None or hi is None or lo > hi:
                 kind = "unbounded" if (lo is None or hi is None) and not every.is_empty() else "empty"
                 raise RangeError(f"the inferred range of index '{index}' is {kind}", stmt.span, source,
@@ -387,7 +403,7 @@ class _Candidate:
     conds: list | None
 
 
-def _guard_proves(index: str, others: list[str], c: _Candidate, ranges: dict, side: str) -> bool:
+def _guard_proves(index: str, others: list[str], c: _Candidate, ranges: dict, side: str, prefix: str = "") -> bool:
     """Whether ``c``'s guards keep ``side`` (``lo <= text`` or ``text < hi``) for every ``index``, with the
     argument's other indices and the guards' own indices in their ranges (False while one has no range)."""
     if not c.conds or any(n not in ranges for n in c.guard_names):
@@ -395,31 +411,44 @@ def _guard_proves(index: str, others: list[str], c: _Candidate, ranges: dict, si
     bound = others + c.guard_names
     dims = ", ".join(isl_name(n) for n in [index] + bound)
     box = [f"{ranges[n][0]} <= {isl_name(n)} < {ranges[n][1]}" for n in bound]
-    violated = isl.Set(f"{{ [{dims}] : {' and '.join(box + [f'({x})' for x in c.conds]) or 'true'} "
+    violated = isl.Set(f"{prefix}{{ [{dims}] : {' and '.join(box + [f'({x})' for x in c.conds]) or 'true'} "
                        f"and not ({side}) }}")
     return violated.is_empty()
 
 
-def _side(strict: isl.Set | None, every: isl.Set, which: str) -> int | None:
+def _side(strict: isl.Set | None, every: isl.Set, which: str, sizes: dict | None = None) -> int | None:
     """The range's smallest (``which="min"``) or largest value: from the accesses that constrain without a
     proving guard (``strict``) when they bound that side, else from every access (TC's rule); None if
-    unbounded."""
+    unbounded. With parameters (a generic kernel), a :class:`~polyc.poly.affine.Sym` when the value depends
+    on the sizes (``isl_set_dim_min`` / ``isl_set_dim_max``); RangeError when it is not one affine function
+    of them (``A(i) + B(i)`` with extents ``M`` and ``N``: ``min(M, N)``)."""
     for s in (strict, every):
         if s is None or s.is_empty():
             continue
+        if s.dim(isl.dim_type.param):
+            try:
+                found = s.dim_min(0) if which == "min" else s.dim_max(0)
+            except isl.Error:  # unbounded
+                continue
+            pieces = found.get_pieces()
+            if len(pieces) != 1:
+                raise RangeError(f"the {which} of a range is {found} here, not one affine function of the sizes; "
+                                 "a generic kernel needs one", hint="give the range with a where clause")
+            aff = pieces[0][1]
+            return int(aff.get_constant_val().to_python()) if aff.is_cst() else sym_value(aff_text(aff), sizes)
         val = s.dim_min_val(0) if which == "min" else s.dim_max_val(0)
         if not (val.is_neginfty() or val.is_infty()):
             return int(val.to_python())
     return None
 
 
-def _in_bounds_set(index: str, others: list[str], ranges: dict, sides: list[str]) -> isl.Set:
+def _in_bounds_set(index: str, others: list[str], ranges: dict, sides: list[str], prefix: str = "") -> isl.Set:
     """``{ [index] : for all others in their ranges, every condition of sides holds }``."""
     dims = ", ".join(isl_name(n) for n in [index] + others)
     bounds = [f"{ranges[n][0]} <= {isl_name(n)} < {ranges[n][1]}" for n in others]
-    bad = isl.Set(f"{{ [{dims}] : {' and '.join(bounds) or 'true'} and not ({' and '.join(sides)}) }}")
+    bad = isl.Set(f"{prefix}{{ [{dims}] : {' and '.join(bounds) or 'true'} and not ({' and '.join(sides)}) }}")
     bad = bad.project_out(isl.dim_type.set, 1, len(others))
-    return isl.Set(f"{{ [{isl_name(index)}] }}").subtract(bad)
+    return isl.Set(f"{prefix}{{ [{isl_name(index)}] }}").subtract(bad)
 
 
 # ---- domains and access relations ------------------------------------------------------------------------
@@ -429,9 +458,9 @@ def _set_text(name: str, indices, constraints: list[str]) -> str:
     return f"{{ {name}[{dims}] : {' and '.join(constraints) or 'true'} }}"
 
 
-def _box(name: str, indices, ranges: dict) -> isl.Set:
+def _box(name: str, indices, ranges: dict, prefix: str = "") -> isl.Set:
     parts = [f"{ranges[i][0]} <= {isl_name(i)} < {ranges[i][1]}" for i in indices]
-    return isl.Set(_set_text(name, indices, parts))
+    return isl.Set(prefix + _set_text(name, indices, parts))
 
 
 def _statement(name, indices, domain, cs, op, rhs, sizes, shapes, ranges, source) -> PolyStatement:
@@ -441,15 +470,16 @@ def _statement(name, indices, domain, cs, op, rhs, sizes, shapes, ranges, source
     dims = ", ".join(isl_name(i) for i in indices)
     lhs = tuple(i.name for i in stmt.indices)
     lhs_text = ", ".join(isl_name(i) for i in lhs)
-    write = isl.Map(f"{{ {name}[{dims}] -> {isl_name(stmt.tensor)}[{lhs_text}] }}").intersect_domain(domain)
+    prefix = param_prefix(sizes)
+    write = isl.Map(f"{prefix}{{ {name}[{dims}] -> {isl_name(stmt.tensor)}[{lhs_text}] }}").intersect_domain(domain)
     reads = isl.UnionMap.empty(isl.Space.params_alloc(isl.DEFAULT_CONTEXT, 0))
     if op not in ("init", "="):
         reads = reads.union(isl.UnionMap.from_map(write))
     if op != "init":
         for text, node in _read_texts(rhs, name, indices, sizes, shapes, box):
-            read = isl.Map(text).intersect_domain(domain)
+            read = isl.Map(prefix + text).intersect_domain(domain)
             if isinstance(node, L.Access):
-                check_read(read, node, indices, shapes[node.tensor], source)
+                check_read(read, node, indices, shapes[node.tensor], source, prefix)
             reads = reads.union(isl.UnionMap.from_map(read))
     return PolyStatement(name, tuple(indices), domain.coalesce(), stmt.tensor, lhs, op, rhs, write.coalesce(),
                          reads.coalesce(), stmt.span, _safe_reads(rhs, name, indices, domain, sizes, shapes, box))
@@ -501,10 +531,11 @@ def _safe_reads(rhs, name, indices, domain: isl.Set, sizes, shapes, ranges) -> f
             texts = [affine_text(arg, index_set, sizes, ranges) for arg in e.args]
             if all(t is not None for t in texts):
                 shape = shapes[e.tensor]
-                access = isl.Map(f"{{ {name}[{dims}] -> [{', '.join(texts)}] }}").intersect_domain(domain)
+                prefix = param_prefix(sizes)
+                access = isl.Map(f"{prefix}{{ {name}[{dims}] -> [{', '.join(texts)}] }}").intersect_domain(domain)
                 names = ", ".join(f"a{k}" for k in range(len(shape)))
                 inside = " and ".join(f"0 <= a{k} < {n}" for k, n in enumerate(shape))
-                if access.range().is_subset(isl.Set(f"{{ [{names}] : {inside} }}")):
+                if access.range().is_subset(isl.Set(f"{prefix}{{ [{names}] : {inside} }}")):
                     safe.add(e)
         for c in children(e):
             visit(c)
@@ -559,14 +590,14 @@ def _and(a, b):
     return f"({a}) and ({b})"
 
 
-def check_read(read: isl.Map, access: L.Access, indices, shape: tuple, source: str) -> None:
+def check_read(read: isl.Map, access: L.Access, indices, shape: tuple, source: str, prefix: str = "") -> None:
     """Raise RangeError (at the read, naming the element) if ``read`` (its access relation over the domain)
     can leave ``shape``."""
     if not shape:
         return
     names = ", ".join(f"a{k}" for k in range(len(shape)))
     inside = " and ".join(f"0 <= a{k} < {n}" for k, n in enumerate(shape))
-    box = isl.Set(f"{{ {read.get_tuple_name(isl.dim_type.out)}[{names}] : {inside} }}")
+    box = isl.Set(f"{prefix}{{ {read.get_tuple_name(isl.dim_type.out)}[{names}] : {inside} }}")
     outside = read.intersect_range(isl.Set.universe(box.get_space()).subtract(box))
     if outside.is_empty():
         return
@@ -590,8 +621,9 @@ def check_bounds(stmt: PolyStatement, scop: Scop, source: str) -> None:
         if not tensor.shape:
             continue
         names = ", ".join(f"a{k}" for k in range(len(tensor.shape)))
-        inside = " and ".join(f"0 <= a{k} < {n}" for k, n in enumerate(tensor.shape))
-        box = isl.Set(f"{{ {isl_name(tensor.name)}[{names}] : {inside} }}")
+        shape = tensor.extents or tensor.shape
+        inside = " and ".join(f"0 <= a{k} < {n}" for k, n in enumerate(shape))
+        box = isl.Set(f"{scop.prefix}{{ {isl_name(tensor.name)}[{names}] : {inside} }}")
         outside = m.intersect_range(isl.Set.universe(box.get_space()).subtract(box))
         if not outside.is_empty():
             point = outside.domain().sample_point()

@@ -23,6 +23,7 @@ import islpy as isl
 import numpy as np
 
 from ..lang import ast as L
+from .affine import isl_name
 
 
 #: The identity of each reduction operator, by dtype kind (float / signed int / unsigned int / bool).
@@ -57,6 +58,9 @@ class Tensor:
     role: str
     packed: int = 0
     origin: tuple[int, ...] = ()
+    #: in a generic kernel, the shape in the sizes (:class:`~polyc.poly.affine.Sym` or int per dimension;
+    #: ``shape`` is then its value at the hint sizes); ``()`` in a specialised one
+    extents: tuple = ()
 
     @property
     def size(self) -> int:
@@ -99,7 +103,10 @@ class Scop:
     - ``statements``: in source order (the identity schedule is this order);
     - ``sizes``: size name → extent;
     - ``ranges``: ``(statement name, index) → (lo, hi)`` as inferred (hi exclusive);
-    - ``preconditions``: constraints range inference could not prove and did not check, as text.
+    - ``preconditions``: constraints range inference could not prove and did not check, as text;
+    - ``params``: a generic kernel's sizes that are isl parameters of its sets and maps (``sizes`` holds
+      their hint values, what the strategy decides with), ``()`` when specialised; ``context``: the
+      parameter values it serves (:func:`~polyc.poly.affine.size_context`).
     """
 
     name: str
@@ -109,6 +116,21 @@ class Scop:
     ranges: dict = field(default_factory=dict)
     preconditions: tuple[str, ...] = ()
     source: str = ""
+    params: tuple[str, ...] = ()
+    context: isl.Set | None = None
+
+    @property
+    def prefix(self) -> str:
+        """The parameter declaration isl text over this Scop starts with (``"[M, N] -> "``, or ``""``)."""
+        return f"[{', '.join(isl_name(p) for p in self.params)}] -> " if self.params else ""
+
+    @property
+    def hint(self) -> isl.Set | None:
+        """The parameters fixed to their hint values (None when specialised)."""
+        if not self.params:
+            return None
+        fixed = " and ".join(f"{isl_name(p)} = {self.sizes[p]}" for p in self.params)
+        return isl.Set(f"{self.prefix}{{ : {fixed} }}")
 
     def tensor(self, name: str) -> Tensor:
         for t in self.tensors:

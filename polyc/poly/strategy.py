@@ -125,7 +125,7 @@ def apply_strategy(schedule: isl.Schedule, scop: Scop, deps: Dependences, target
                 check_subtree(distributed, pending, f"distribution on '{scop.name}'")
                 node = distributed
                 try:  # and the loops of the next group of statements over the same rows join them
-                    fused = fuse_next_sibling(node)
+                    fused = fuse_next_sibling(node, scop.hint)
                     if fused is not node:
                         check_subtree(fused, dependences_at(fused, everything), f"fusion on '{scop.name}'")
                         node, path = fused, path_of(fused)
@@ -138,7 +138,7 @@ def apply_strategy(schedule: isl.Schedule, scop: Scop, deps: Dependences, target
         for attempt in (optimize_band, None):
             try:
                 if attempt is None:
-                    done, packing = simple_band(node, options, parallel), None
+                    done, packing = simple_band(node, options, parallel, scop.hint), None
                 else:
                     done, packing = optimize_band(node, scop, everything, target, options, parallel, constants)
                 candidate = done.get_schedule()
@@ -177,12 +177,15 @@ def _mark_distributed(outer: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap) -
     return node_at(schedule, path)
 
 
-def simple_band(node: isl.ScheduleNode, options: Options, parallel: bool) -> isl.ScheduleNode:
-    """The fallback: tile the band as isl gave it and mark its outermost coincident loop parallel."""
+def simple_band(node: isl.ScheduleNode, options: Options, parallel: bool,
+                hint: isl.Set | None = None) -> isl.ScheduleNode:
+    """The fallback: tile the band as isl gave it and mark its outermost coincident loop parallel (``hint``:
+    :attr:`Scop.hint`)."""
     tiles = [32] * node.band_n_member()
-    if options.tile and node.band_get_permutable() and node.band_n_member() >= 2 and not single_tile(node, tiles):
+    if options.tile and node.band_get_permutable() and node.band_n_member() >= 2 \
+            and not single_tile(node, tiles, hint):
         node = band_tile(node, tiles)
-    return mark_parallel(node) if parallel else node
+    return mark_parallel(node, hint) if parallel else node
 
 
 # ---- step 1: classify the band's members -------------------------------------------------------------
@@ -201,10 +204,27 @@ def main_statement(node: isl.ScheduleNode, scop: Scop) -> PolyStatement | None:
 def access_strides(stmt: PolyStatement, scop: Scop, index: str):
     """``(write stride, [read strides])`` of ``stmt`` along ``index``; a gather read gives ``None``."""
     lhs_args = [L.Ident(n, None, "int32", "index") for n in stmt.lhs]
-    write = element_stride(lhs_args, scop.tensor(stmt.tensor).shape, index, stmt.indices, scop.sizes)
-    reads = [element_stride(a.args, scop.tensor(a.tensor).shape, index, stmt.indices, scop.sizes)
-             for a in accesses_in(stmt.rhs)]
+    write = fixed_stride(lhs_args, stmt.tensor, index, stmt, scop)
+    reads = [fixed_stride(a.args, a.tensor, index, stmt, scop) for a in accesses_in(stmt.rhs)]
     return write, reads
+
+
+def fixed_stride(args, tensor: str, index: str, stmt: PolyStatement, scop: Scop) -> int | None:
+    """:func:`~polyc.poly.affine.element_stride` of ``tensor(args)`` along ``index``; in a generic kernel
+    None as well where it depends on the sizes (it changes when every size-dependent extent and every size
+    grows, by 1 and by 7: a polynomial in them with integer coefficients that stays put at both is constant
+    unless its terms cancel at exactly those values)."""
+    t = scop.tensor(tensor)
+    found = element_stride(args, t.shape, index, stmt.indices, scop.sizes)
+    if found is None or not scop.params:
+        return found
+    for grow in (1, 7):
+        shape = tuple(n + grow if type(e) is not int else n
+                      for n, e in zip(t.shape, t.extents))
+        sizes = {k: v + grow if k in scop.params else v for k, v in scop.sizes.items()}
+        if element_stride(args, shape, index, stmt.indices, sizes) != found:
+            return None
+    return found
 
 
 def choose_members(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop, transpose: bool = True):
@@ -216,7 +236,7 @@ def choose_members(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop, tran
     can be packed with ``v`` innermost (:func:`transposable`); step 6 then packs it. Ties for ``u`` go to the
     member of largest extent (the most rows to reuse a loaded vector on), then to the later member."""
     coincident = band_coincident(node)
-    extents = band_extents(node)
+    extents = band_extents(node, scop.hint)
     index_of = [member_index(node, k, stmt) for k in range(node.band_n_member())]
     v = transposed = None
     for k in range(node.band_n_member()):
@@ -500,7 +520,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     the band cannot take that packing it is optimized again without."""
     stmt = main_statement(node, scop)
     if stmt is None or not node.band_get_permutable():
-        return simple_band(node, options, parallel), None
+        return simple_band(node, options, parallel, scop.hint), None
     coincident = band_coincident(node)
     n = node.band_n_member()
     u, v, transposed = choose_members(node, stmt, scop, transpose) \
@@ -512,17 +532,19 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
         return optimize_band(node, scop, deps, target, options, parallel, constants, split, transpose=False)
     reduction_member = choose_reduction_member(node, stmt, scop) if v is None and options.vectorize else None
     # members of one value first: they generate no loop, so the next member's loop is the outermost one
-    P = sorted((k for k in range(n) if coincident[k] and k not in (u, v)), key=lambda k: band_extents(node)[k] > 1)
+    P = sorted((k for k in range(n) if coincident[k] and k not in (u, v)),
+               key=lambda k: band_extents(node, scop.hint)[k] > 1)
     R = [k for k in range(n) if not coincident[k] and k != reduction_member] \
         + ([reduction_member] if reduction_member is not None else [])
     stream = v is not None and u is None and bool(R) and streams_rows(node, stmt, scop, v, R)
     order = P + [k for k in (u, v) if k is not None] + R
-    extents = band_extents(node)
+    extents = band_extents(node, scop.hint)
     loops = [scop.ranges.get((stmt.name, i), (0, 1)) for i in stmt.indices if i not in stmt.lhs]
     mr, nr = register_tile_sizes(options, lanes(scop, target), target.vector_registers,
                                  extents[v] if v is not None else None, sum(hi - lo > 1 for lo, hi in loops),
                                  extents[u] if u is not None else None)
-    if split and u is not None and v is not None and coincident[v] and not options.register_tile_sizes:
+    if split and u is not None and v is not None and coincident[v] and not options.register_tile_sizes \
+            and not scop.params:  # where the partial tile starts depends on the sizes
         parts = split_partial_tile(node, v, nr, lanes(scop, target))
         if parts is not None:
             path = path_of(parts)
@@ -565,7 +587,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
                                  force=options.promote is True, constants=constants)
     node = band_permute(node, order)
     band_path = path_of(node)
-    if options.tile and not single_tile(node, tiles):
+    if options.tile and not single_tile(node, tiles, scop.hint):
         node = band_tile(node, tiles).child(0)
     if stream:  # point loops [P, R, v]: the tile loops keep v outside the reductions (a parallel loop)
         point = len(P)
@@ -576,7 +598,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     elif v is not None:
         node = _point_loops(node, len(P), u is not None, len(R), mr, nr, deps)
     node = node_at(node.get_schedule(), band_path)
-    return (mark_parallel(node) if parallel else node), packing
+    return (mark_parallel(node, scop.hint) if parallel else node), packing
 
 
 def split_partial_tile(node: isl.ScheduleNode, v: int, nr: int, vector_lanes: int) -> isl.ScheduleNode | None:
@@ -688,16 +710,17 @@ def sole_read(scop: Scop, statement: str, read: L.Access) -> bool:
     return count == 1
 
 
-def mark_parallel(node: isl.ScheduleNode) -> isl.ScheduleNode:
+def mark_parallel(node: isl.ScheduleNode, hint: isl.Set | None = None) -> isl.ScheduleNode:
     """Mark the outermost loop the band really generates ``parallel`` — if it is coincident.
 
     isl's AST generator emits no loop for a member with a single value (one tile, or extent 1), and a mark
     applies to the first loop below it, so the mark goes right above the first member with more than one
-    value; when that member carries a dependence (a reduction tile), nothing is marked.
+    value; when that member carries a dependence (a reduction tile), nothing is marked. ``hint``: a generic
+    kernel's :attr:`Scop.hint`, the sizes the extents are taken at.
     """
     top = node
     while node.get_type() == isl.schedule_node_type.band:
-        extents = band_extents(node)
+        extents = band_extents(node, hint)
         first = next((k for k, e in enumerate(extents) if e > 1), None)
         if first is None:  # a band of single tiles: its loops are the point loops below
             node = node.child(0)

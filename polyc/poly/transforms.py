@@ -42,12 +42,15 @@ def band_coincident(node: isl.ScheduleNode) -> list[bool]:
     return [bool(node.band_member_get_coincident(k)) for k in range(node.band_n_member())]
 
 
-def band_ranges(node: isl.ScheduleNode) -> list[tuple[int, int]]:
+def band_ranges(node: isl.ScheduleNode, hint: isl.Set | None = None) -> list[tuple[int, int]]:
     """The least and greatest value of each band member over the band's domain (``(0, -1)`` when the domain
-    is empty)."""
+    is empty). ``hint``: a generic kernel's parameters fixed to their hint values (:attr:`Scop.hint`), the
+    sizes the ranges are taken at."""
     ranges = []
     partial = node.band_get_partial_schedule_union_map()
     domain = node.get_domain()
+    if hint is not None:
+        domain = domain.intersect_params(hint)
     image = partial.intersect_domain(domain).range()
     as_set = isl.Set.from_union_set(image) if not image.is_empty() else None
     for k in range(node.band_n_member()):
@@ -62,15 +65,18 @@ def band_ranges(node: isl.ScheduleNode) -> list[tuple[int, int]]:
     return ranges
 
 
-def band_extents(node: isl.ScheduleNode) -> list[int]:
-    """The number of distinct values of each band member over the band's domain (an upper bound)."""
-    return [hi - lo + 1 for lo, hi in band_ranges(node)]
+def band_extents(node: isl.ScheduleNode, hint: isl.Set | None = None) -> list[int]:
+    """The number of distinct values of each band member over the band's domain (an upper bound; ``hint``
+    as for :func:`band_ranges`)."""
+    return [hi - lo + 1 for lo, hi in band_ranges(node, hint)]
 
 
-def single_tile(node: isl.ScheduleNode, sizes: list[int]) -> bool:
+def single_tile(node: isl.ScheduleNode, sizes: list[int], hint: isl.Set | None = None) -> bool:
     """Whether :func:`band_tile` with ``sizes`` would give one tile: every member's values lie in one tile
     ``[size * t, size * (t + 1))``. Such a tile band has one iteration, yet its ``floor`` expressions cost isl's
     AST builder and LLVM time (a 10-statement attention kernel: 0.5 s of AST building, a third of its compile)."""
+    if hint is not None:  # a generic kernel: whether one tile holds every size it serves is not known
+        return False
     return all(lo // size == hi // size for (lo, hi), size in zip(band_ranges(node), sizes))
 
 
@@ -180,6 +186,7 @@ def isolate_full_tiles(tile: isl.ScheduleNode, points=None, members=None) -> isl
         for k in range(n_point):
             values = pairs.range().project_out(isl.dim_type.set, k + 1, n_point - k - 1).project_out(
                 isl.dim_type.set, 0, k)
+            values = values.project_out(isl.dim_type.param, 0, values.dim(isl.dim_type.param))  # any size
             sizes.append(int(values.lexmax().sample_point().get_coordinate_val(isl.dim_type.set, 0).to_python()) + 1)
         box_text = ", ".join(f"p{k}" for k in range(n_point))
         box = isl.Set(f"{{ [{box_text}] : " + " and ".join(f"0 <= p{k} < {s}" for k, s in enumerate(sizes)) + " }")
@@ -398,14 +405,15 @@ def distribute_serialized(node: isl.ScheduleNode) -> isl.ScheduleNode:
     return node_at(inner.band_sink().get_schedule(), path)
 
 
-def fuse_next_sibling(band: isl.ScheduleNode) -> isl.ScheduleNode:
+def fuse_next_sibling(band: isl.ScheduleNode, hint: isl.Set | None = None) -> isl.ScheduleNode:
     """Fuse the outer loops of ``band`` with those of the band of its next sibling in a sequence: when
     ``band`` (``k`` members) sits under a two-child sequence's first filter and the second holds a band
     whose first ``k`` members have the same extents, the ``k`` members of both move into one band above the sequence
     (``isl_schedule_node_insert_partial_schedule`` of their union; the originals deleted or split,
     ``isl_schedule_node_delete``, ``isl_schedule_node_band_split``). A softmax's division then runs on each
     row right after the row's sums, while the row is in cache. Returns the new band node, or ``band`` when
-    there is nothing to fuse. The caller checks the result against the dependences."""
+    there is nothing to fuse. The caller checks the result against the dependences. ``hint``: as for
+    :func:`band_ranges`."""
     k = band.band_n_member()
     filt = band.parent()
     if filt.get_type() != isl.schedule_node_type.filter or not filt.has_parent() \
@@ -416,7 +424,7 @@ def fuse_next_sibling(band: isl.ScheduleNode) -> isl.ScheduleNode:
         return band
     other = seq.child(pos + 1).child(0)
     if other.get_type() != isl.schedule_node_type.band or other.band_n_member() < k \
-            or band_extents(other)[:k] != band_extents(band) \
+            or band_extents(other, hint)[:k] != band_extents(band, hint) \
             or band_coincident(other)[:k] != band_coincident(band):
         return band
     if seq.n_children() != 2:
