@@ -41,7 +41,7 @@ from .lang.sema import numpy_dtype
 from .options import Options
 from .pipeline import COMPILE_LOCK, Stages, compile_kernel, resolve_options, symbol
 from .poly import schedule as schedule_module
-from .poly.affine import constant_value
+from .poly.affine import SIZE_MAX, Sym, constant_value, isl_name
 from .poly.build import build_scop, checked_reads, input_shapes
 from .poly.promote import packed_array
 from .runtime import cache, records
@@ -84,7 +84,10 @@ class Compiled:
     """
 
     def __init__(self, kernel: "Kernel", sizes: dict, options: Options, tensors, jit, stages=None,
-                 constants: frozenset = frozenset()):
+                 constants: frozenset = frozenset(), size_args: tuple = (), restage=None):
+        """``size_args``: for a generic kernel's code, the value of each of its parameters (int64, in
+        ``Scop.params`` order), passed after the tensors; ``restage``: what builds the stages again when
+        ``stages`` is None (default: the pipeline at ``sizes``)."""
         self.kernel = kernel
         self.sizes = dict(sizes)
         self.options = options
@@ -97,6 +100,8 @@ class Compiled:
         self.inputs = tuple(t for t in self.tensors if t.role == "input")
         self.outputs = tuple(t for t in self.tensors if t.role == "output")
         self.temps = tuple(t for t in self.tensors if t.role == "temp")
+        self._size_args = np.array(size_args, dtype=np.int64) if size_args else None
+        self._restage = restage
 
     @property
     def stages(self) -> Stages:
@@ -107,8 +112,9 @@ class Compiled:
             if self._stages is None:
                 debug.log(f"{self.name} {self.sizes}: loaded from the disk cache; compiling again to show its "
                           "stages")
-                self._stages = compile_kernel(self.kernel.checked, self.sizes, self.options, self.kernel.target,
-                                              self.constants, compile_ir=self.kernel.compile_ir)
+                self._stages = self._restage() if self._restage is not None else compile_kernel(
+                    self.kernel.checked, self.sizes, self.options, self.kernel.target, self.constants,
+                    compile_ir=self.kernel.compile_ir)
         return self._stages
 
     def stage(self, name: str) -> str:
@@ -121,7 +127,8 @@ class Compiled:
 
     def run_pointers(self, pointers) -> None:
         """Call the native kernel on raw data pointers (``tensors`` order). Raises KernelRuntimeError."""
-        args = (ctypes.c_void_p * len(pointers))(*pointers)
+        extra = [self._size_args.ctypes.data] if self._size_args is not None else []
+        args = (ctypes.c_void_p * (len(pointers) + len(extra)))(*pointers, *extra)
         status = self._fn(ctypes.addressof(args))
         if status != 0:
             reads = checked_reads(build_scop(self.kernel.checked, self.sizes)) if status == 1 else ()
@@ -330,6 +337,8 @@ class Kernel:
         missing size, and what the pipeline raises."""
         sizes = self._every_size(sizes)
         options = options or self.options
+        if options.generic:
+            return self.generic(sizes, options).at(sizes)
         constants = frozenset(constants)
         key = (tuple(sorted(sizes.items())), options, constants)
         compiled = self._compiled.get(key)
@@ -370,6 +379,38 @@ class Kernel:
                                        "tensors": [(t.name, t.dtype, t.shape, t.role, t.packed) for t in tensors]})
         debug.log(f"{self.name} {sizes}: ready in {(time.perf_counter() - t) * 1e3:.1f} ms "
                   f"({'disk cache' if compiled._stages is None else 'compiled'})")
+        return compiled
+
+    def generic(self, hint: dict, options: Options | None = None) -> "GenericCompiled":
+        """The kernel compiled once for every size (``Options.generic``), deciding its schedule at the sizes
+        ``hint`` (size name → extent): from this kernel's memory (the first hint asked for with these options
+        stays), else the disk cache, else the pipeline. Raises ShapeError for a missing size, and what the
+        pipeline raises."""
+        hint = self._every_size(hint)
+        options = resolve_options((options or self.options).replace(generic=True), self.target)
+        key = ("generic", options)
+        found = self._compiled.get(key)
+        if found is not None:
+            return found
+        with COMPILE_LOCK:
+            found = self._compiled.get(key)
+            if found is None:
+                found = self._compiled[key] = self._compile_generic(hint, options)
+        return found
+
+    def _compile_generic(self, hint: dict, options: Options) -> "GenericCompiled":
+        t = time.perf_counter()
+        sizes = {n: Sym(v, isl_name(n)) for n, v in hint.items()}
+        disk_key = cache.make_key(self.source, self.name, "generic", sorted(hint.items()), options.to_spec(),
+                                  self.target.key())
+        compiled = cache.fetch(disk_key, lambda entry: GenericCompiled(
+            self, hint, options, build_scop(self.checked, sizes),
+            load_object(entry["object"], self.target, (symbol(self.name),))), f"generic entry for {self.name}")
+        if compiled is None:
+            stages = compile_kernel(self.checked, sizes, options, self.target, compile_ir=self.compile_ir)
+            compiled = GenericCompiled(self, hint, options, stages.scop, stages.jit, stages)
+            cache.store(disk_key, {"object": stages.jit.object_code})
+        debug.log(f"{self.name}: generic kernel (hint {hint}) ready in {(time.perf_counter() - t) * 1e3:.1f} ms")
         return compiled
 
     def compile_ir(self, text: str, target, opt_level: int, unroll: bool):
@@ -436,6 +477,71 @@ class Kernel:
         arrays = self._coerce_inputs(args)
         compiled = self.specialize_sizes(self.bind_sizes([a.shape for a in arrays]), options or self.options)
         return compiled(*arrays, out=out)
+
+
+class GenericCompiled:
+    """A kernel compiled once for every size (``Options.generic``): its sizes are isl parameters
+    (``[M, N, K] -> { S[m, n, k] : ... }``) and arguments of one native function. :meth:`at` gives the
+    :class:`Compiled` for some sizes (the same code, the shapes of those sizes), and a call runs on arrays of
+    any shapes the def accepts::
+
+        mm = polyc.define(source, options=polyc.Options(generic=True))
+        mm(A, B)                    # compiles once, deciding tiles at these shapes (the hint)
+        mm(A2, B2)                  # any other shapes: the same code, no compile
+
+    The code serves the sizes of its ``Scop.context``: each from 1 to
+    :data:`polyc.poly.affine.SIZE_MAX`, with every inferred range non-empty. ``hint``: the sizes its
+    decisions were taken at; ``stages``: the pipeline's stages (None when loaded from the disk cache)."""
+
+    def __init__(self, kernel: Kernel, hint: dict, options: Options, scop, jit, stages=None):
+        self.kernel = kernel
+        self.hint = dict(hint)
+        self.options = options
+        self.scop = scop
+        self._stages = stages
+        self._jit = jit
+        self._at: dict = {}
+
+    @property
+    def stages(self) -> Stages:
+        """The pipeline's stages; for code loaded from the disk cache, compiled again on first request (the
+        code that runs stays the cached one)."""
+        with COMPILE_LOCK:
+            if self._stages is None:
+                sizes = {n: Sym(v, isl_name(n)) for n, v in self.hint.items()}
+                self._stages = compile_kernel(self.kernel.checked, sizes, self.options, self.kernel.target,
+                                              compile_ir=self.kernel.compile_ir)
+        return self._stages
+
+    def __call__(self, *args, out=None):
+        """Run on numpy arrays of any shapes the def accepts (see :meth:`Compiled.__call__`)."""
+        arrays = self.kernel._coerce_inputs(args)
+        return self.at(self.kernel.bind_sizes([a.shape for a in arrays]))(*arrays, out=out)
+
+    def at(self, sizes: dict) -> Compiled:
+        """The :class:`Compiled` running this code at ``sizes`` (size name → extent). Raises ShapeError when
+        the sizes are outside what the kernel serves (an empty range, an extent above SIZE_MAX)."""
+        sizes = self.kernel._every_size(sizes)
+        key = tuple(sizes.items())
+        found = self._at.get(key)
+        if found is None:
+            shapes = self.shapes(sizes)
+            tensors = [TensorSpec(t.name, t.dtype, shapes[t.name], t.role) for t in self.scop.tensors]
+            found = Compiled(self.kernel, sizes, self.options, tensors, self._jit, self._stages,
+                             size_args=tuple(sizes[p] for p in self.scop.params), restage=lambda: self.stages)
+            self._at[key] = found
+        return found
+
+    def shapes(self, sizes: dict) -> dict[str, tuple[int, ...]]:
+        """Each tensor's shape at ``sizes``: its extents (ints, and affine functions of the parameters,
+        evaluated by isl). Raises ShapeError outside ``Scop.context``."""
+        shapes = self.scop.shapes_at(sizes)
+        if shapes is None:
+            given = ", ".join(f"{n}={v}" for n, v in sizes.items())
+            raise ShapeError(f"{self.kernel.name}: sizes {given} are outside what this generic kernel serves "
+                             f"({self.scop.context})", hint="every inferred range must be non-empty and every "
+                             f"size at most {SIZE_MAX}")
+        return shapes
 
 
 def tuned_options(source: str, name: str, sizes: dict, target, options: Options) -> Options:

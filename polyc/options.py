@@ -42,6 +42,10 @@ class Options:
       the kernel (:mod:`polyc.poly.promote`): ``None`` where the strategy finds it pays (long rows, reuse),
       ``True`` wherever the access allows it (for research and tests), ``False`` never.
     - ``opt_level``: LLVM optimization level 0-3.
+    - ``generic``: compile one kernel for every size (:class:`polyc.kernel.GenericCompiled`): the sizes are
+      isl parameters of the domains and access relations and arguments of the native code; every decision
+      that needs a size (tile sizes, register tile, whether to run in parallel) is taken at the *hint* sizes,
+      those of the first call (or given to :meth:`polyc.Kernel.generic`). Nothing is packed.
     """
 
     scheduler: str = "isl"
@@ -57,6 +61,7 @@ class Options:
     unroll: int | None = None
     promote: bool | None = None
     opt_level: int = 3
+    generic: bool = False
 
     def __post_init__(self):
         if self.scheduler not in SCHEDULERS:

@@ -78,6 +78,9 @@ class Env:
     #: a generic kernel's run-time sizes (i64): each parameter by name, each size-dependent extent as
     #: ``"T.k"`` (tensor ``T``'s dimension ``k``); empty when specialised
     sizes: dict[str, ir.Value] = field(default_factory=dict)
+    #: tensor → (alias scopes, noalias scopes): metadata nodes its loads and stores carry (an unrolled copy
+    #: that touches the tensor apart from the other copies, :func:`polyc.codegen.region.disjoint_copies`)
+    alias: dict = field(default_factory=dict)
 
 
 # ---- integer division with floor semantics and no undefined behaviour ----
@@ -812,7 +815,16 @@ def load(env: Env, tensor: str, flat: ir.Value, b: ir.IRBuilder, lanes: int = 1)
     mty = memory_type(dtype)
     ty = mty if lanes == 1 else ir.VectorType(mty, lanes)
     value = b.load(element_pointer(env, tensor, flat, b), typ=ty, align=element_bytes(dtype))
+    _scoped(env, tensor, value)
     return b.icmp_unsigned("!=", value, const(ty, 0)) if dtype == "bool" else value
+
+
+def _scoped(env: Env, tensor: str, instruction) -> None:
+    """Tag a load or store of ``tensor`` with the alias scopes of ``env`` (``!alias.scope``, ``!noalias``)."""
+    if tensor in env.alias:
+        scopes, others = env.alias[tensor]
+        instruction.set_metadata("alias.scope", env.module.add_metadata(scopes))
+        instruction.set_metadata("noalias", env.module.add_metadata(others))
 
 
 def store(env: Env, tensor: str, flat: ir.Value, value: ir.Value, b: ir.IRBuilder) -> None:
@@ -820,7 +832,7 @@ def store(env: Env, tensor: str, flat: ir.Value, value: ir.Value, b: ir.IRBuilde
     dtype = env.scop.tensor(tensor).dtype
     if dtype == "bool":
         value = b.zext(value, _with_elem(value.type, I8))
-    b.store(value, element_pointer(env, tensor, flat, b), align=element_bytes(dtype))
+    _scoped(env, tensor, b.store(value, element_pointer(env, tensor, flat, b), align=element_bytes(dtype)))
 
 
 def load_scalar(env: Env, tensor: str, b: ir.IRBuilder) -> ir.Value:

@@ -38,7 +38,7 @@ from ..poly.scop import Scop
 from ..poly.strategy import threads as thread_count
 from . import expr as X
 from .pool import declare_parallel_run
-from .region import (KernelEmitter, Region, emit_isl_expr, emit_loop, emit_trip_count, emit_user, loop_bounds,
+from .region import (KernelEmitter, Region, disjoint_copies, emit_isl_expr, emit_loop, emit_trip_count, emit_user, loop_bounds,
                      smax, smin, with_id)
 from .sums import blocked_reduction_plan, emit_blocked_reduction
 from .vector import emit_vector_for
@@ -311,6 +311,13 @@ def emit_unrolled_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
     exact = all(e.get_type() == isl.ast_expr_type.int for e, _ in parts)
     it = node.for_get_iterator().get_id().name
     body, cond = node.for_get_body(), node.for_get_cond()
+    scopes = {}  # tensor → one alias scope per copy (disjoint_copies)
+    if k.scop.params and len(values) > 1:
+        name = k.fresh("copies")
+        domain = k.module.add_metadata([ir.MetaDataString(k.module, name)])
+        for tensor in disjoint_copies(k, body, it):
+            scopes[tensor] = [k.module.add_metadata([ir.MetaDataString(k.module, f"{name}.{tensor}.{v}"), domain])
+                              for v in values]
 
     def copy(value: int, blk: ir.Block) -> ir.Block:
         if exact:
@@ -322,8 +329,13 @@ def emit_unrolled_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
         ir.IRBuilder(emit_node(k, r, body, then_block)).branch(join)
         return join
 
-    for value in values:
+    outer = dict(r.alias)
+    for j, value in enumerate(values):
+        for tensor, own in scopes.items():
+            mine, others = outer.get(tensor, ([], []))
+            r.alias[tensor] = (mine + [own[j]], others + own[:j] + own[j + 1:])
         block = with_id(r, it, ir.Constant(I64, value), lambda v=value, blk=block: copy(v, blk))
+    r.alias = outer
     return block
 
 

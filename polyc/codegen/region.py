@@ -51,6 +51,8 @@ class Region:
     tensors: dict[str, ir.Value]
     ids: dict[str, ir.Value] = field(default_factory=dict)
     in_parallel: bool = False
+    #: tensor → (alias scopes, noalias scopes) its loads and stores carry here (:func:`disjoint_copies`)
+    alias: dict[str, tuple[list, list]] = field(default_factory=dict)
     _fail: ir.Block | None = None
 
     def fail(self) -> ir.Block:
@@ -89,7 +91,12 @@ class KernelEmitter:
     def env(self, region: Region, indices: dict[str, ir.Value], stmt: PolyStatement) -> X.Env:
         """The environment ``stmt``'s expressions are emitted in (scalar)."""
         return X.Env(self.module, self.scop, region.tensors, indices, region.fail, safe_reads=stmt.safe_reads,
-                     sizes=self.size_values(region))
+                     **self.env_args(region))
+
+    def env_args(self, region: Region) -> dict:
+        """What an :class:`~polyc.codegen.expr.Env` takes from the region: the run-time sizes
+        (:meth:`size_values`) and the alias scopes of the unrolled copy being emitted."""
+        return {"sizes": self.size_values(region), "alias": dict(region.alias)}
 
     def size_values(self, region: Region) -> dict[str, ir.Value]:
         """A generic kernel's run-time sizes in ``region`` (:attr:`polyc.codegen.expr.Env.sizes`): the
@@ -307,6 +314,57 @@ def call_strides(k: KernelEmitter, user: isl.AstNode, it: str):
             return None
         strides[index] = c
     return stmt, strides
+
+
+def disjoint_copies(k: KernelEmitter, body: isl.AstNode, it: str) -> list[str]:
+    """The tensors written in ``body`` that the copies of an unrolled loop over ``it`` touch apart: every
+    access of the tensor in the body (its writes and reads) has, in one same dimension, the same plain index
+    whose isl expression moves with ``it`` (coefficient not 0) and with no loop inside the body. Copies then
+    differ in that dimension, so they never touch one element (the indices are in bounds: proven, or
+    checked before the access). The register tile's rows of ``C(m, n) += A(m, k) * B(k, n)`` are such
+    copies; in a generic kernel (rows ``m * N`` apart, ``N`` known at run time only) LLVM cannot tell them
+    apart without being told (scoped noalias metadata), and keeps the accumulators in memory."""
+    users, inner = [], set()
+
+    def visit(node):
+        t = node.get_type()
+        if t == isl.ast_node_type.user:
+            users.append(node)
+        elif t == isl.ast_node_type.for_:
+            inner.add(node.for_get_iterator().get_id().name)
+            visit(node.for_get_body())
+        elif t == isl.ast_node_type.if_:
+            visit(node.if_get_then_node())
+            if node.if_has_else_node():
+                visit(node.if_get_else_node())
+        elif t == isl.ast_node_type.block:
+            children = node.block_get_children()
+            for i in range(children.n_ast_node()):
+                visit(children.get_at(i))
+        elif t == isl.ast_node_type.mark:
+            visit(node.mark_get_node())
+
+    visit(body)
+    keys: dict[str, set | None] = {}
+    written = set()
+    for user in users:
+        call = user.user_get_expr()
+        stmt = k.statements.get(call.get_op_arg(0).get_id().name)
+        if stmt is None:
+            return []
+        written.add(stmt.tensor)
+        values = {index: call.get_op_arg(n + 1) for n, index in enumerate(stmt.indices)}
+        lhs = [L.Ident(i, dtype="int32", kind="index") for i in stmt.lhs]
+        accesses = [(stmt.tensor, lhs)] + [(e.tensor, e.args) for e in walk(stmt.rhs) if isinstance(e, L.Access)]
+        for tensor, args in accesses:
+            found = set()
+            for d, arg in enumerate(args):
+                if isinstance(arg, L.Ident) and arg.kind == "index" and arg.name in values:
+                    e = values[arg.name]
+                    if coefficient(e, it) and not any(uses_id(e, v) for v in inner):
+                        found.add((d, e.to_C_str()))
+            keys[tensor] = found if tensor not in keys else keys[tensor] & found
+    return sorted(t for t in written if keys.get(t))
 
 
 def coefficient(e: isl.AstExpr, it: str) -> int | None:

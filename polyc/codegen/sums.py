@@ -61,7 +61,7 @@ def fold_sum(k: KernelEmitter, r: Region, tensor: str, flat: ir.Value, partial: 
     """
     dtype = k.scop.tensor(tensor).dtype
     ty = X.llvm_type(dtype)
-    env = X.Env(k.module, k.scop, r.tensors, {}, r.fail, sizes=k.size_values(r))
+    env = X.Env(k.module, k.scop, r.tensors, {}, r.fail, **k.env_args(r))
     element = X.element_pointer(env, tensor, flat, b)
     old = b.load(element, typ=ty)
     base = k.shadow(r, tensor, b)
@@ -143,7 +143,7 @@ def emit_blocked_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block
     # the element's indices do not move along the loop: its flat index at the first iteration
     indices = with_id(r, it, init, lambda: {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), b)
                                             for n, i in enumerate(stmt.indices)})
-    flat = X.flat_index(X.Env(k.module, k.scop, r.tensors, indices, r.fail, sizes=k.size_values(r)), stmt.tensor,
+    flat = X.flat_index(X.Env(k.module, k.scop, r.tensors, indices, r.fail, **k.env_args(r)), stmt.tensor,
                         [indices[i] for i in stmt.lhs], b)
 
     def term(blk: ir.Block) -> ir.Block:

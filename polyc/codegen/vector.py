@@ -143,7 +143,7 @@ def _emit_vector_statement(k: KernelEmitter, r: Region, user: isl.AstNode, lanes
     call = user.user_get_expr()
     stmt = k.statements[call.get_op_arg(0).get_id().name]
     indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), b) for n, i in enumerate(stmt.indices)}
-    env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, sizes=k.size_values(r), lanes=lanes, strides=strides[stmt.name],
+    env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, **k.env_args(r), lanes=lanes, strides=strides[stmt.name],
                 safe_reads=stmt.safe_reads)
     dtype = k.scop.tensor(stmt.tensor).dtype
     scalar_env = dataclasses.replace(env, lanes=1, strides={})
@@ -241,7 +241,7 @@ def emit_vector_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block:
 
     def update(bb: ir.IRBuilder, acc) -> None:
         indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
-        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, sizes=k.size_values(r), lanes=lanes, strides=strides,
+        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, **k.env_args(r), lanes=lanes, strides=strides,
                     safe_reads=stmt.safe_reads)
         bb.store(X.emit_update(env, stmt.op, dtype, stmt.rhs, bb.load(acc, typ=vty), bb), acc)
 
@@ -276,7 +276,7 @@ def emit_vector_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block:
     def store(bb: ir.IRBuilder, value: ir.Value) -> None:
         """``T[...] = T[...] op value`` (``fold_sum`` for a compensated sum); ``T``'s indices do not move."""
         indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
-        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, sizes=k.size_values(r))
+        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, **k.env_args(r))
         flat = X.flat_index(env, stmt.tensor, [indices[i] for i in stmt.lhs], bb)
         if exact:
             fold_sum(k, r, stmt.tensor, flat, value, bb)
@@ -311,7 +311,7 @@ def emit_vector_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block:
     def remainder(blk: ir.Block) -> ir.Block:
         bb = ir.IRBuilder(blk)
         indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
-        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, sizes=k.size_values(r), safe_reads=stmt.safe_reads)
+        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, **k.env_args(r), safe_reads=stmt.safe_reads)
         bb.store(X.emit_update(env, stmt.op, dtype, stmt.rhs, bb.load(value, typ=value_type), bb), value)
         return bb.block
 

@@ -107,6 +107,9 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
             indices = cs.lhs_indices + reduction_order(cs, checked, _at_hint(shapes), _at_hint(sizes))
             for index in indices:
                 ranges[(name, index)] = tuple(int(v) for v in stmt_ranges[index])  # at the hint
+                lo, hi = stmt_ranges[index]
+                if isinstance(lo, Sym) or isinstance(hi, Sym):  # a generic kernel serves sizes where it is not empty
+                    context = context.intersect(isl.Set(f"{prefix}{{ : {lo} < {hi} }}"))
             box = [f"{stmt_ranges[i][0] + shift.get(i, 0)} <= {isl_name(i)} < {stmt_ranges[i][1] + shift.get(i, 0)}"
                    for i in indices]
             domain = isl.Set(prefix + _set_text(name, indices, box + constraints)).intersect_params(context)
@@ -129,7 +132,7 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
                            extents=tuple(shapes[t.name]) if params else ())
                     for t in checked.tensors)
     scop = Scop(checked.name, tensors, tuple(statements), _at_hint(sizes), ranges, (), checked.source, params,
-                context if params else None)
+                context.coalesce() if params else None)
     for s in scop.statements:
         check_bounds(s, scop, checked.source)
     return scop

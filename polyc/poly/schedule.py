@@ -30,6 +30,7 @@ from ..options import Options
 from .affine import isl_name
 from .deps import Dependences
 from .scop import Scop
+from .verify import respects
 
 
 #: Bound on the constant terms of isl's schedule functions (``schedule_max_constant_term``) in the second
@@ -70,6 +71,13 @@ def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Sch
     connected components: small problems), then the source order (:func:`identity_schedule`, which every
     dependence follows by construction). ``POLYC_DEBUG=1`` says which was taken and why. Compile time is so
     bounded by about three time boxes whatever the sizes.
+
+    A generic kernel's problem has the sizes as parameters, which isl's ILP carries as unknowns (a 3x3
+    convolution ran out of every budget). It is first solved with the parameters fixed to the hint
+    (``isl_schedule_constraints_set_context`` of :attr:`Scop.hint`, sizes of 1 as 2), the problem of the
+    specialised kernel;
+    that schedule is kept when it respects every dependence for every size (:func:`~polyc.poly.verify.respects`),
+    else isl solves the parametric problem as above.
     """
     if options.scheduler == "identity":
         return identity_schedule(scop)
@@ -79,7 +87,22 @@ def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Sch
         proximity = proximity.union(read_after_read(scop, deps))
     sc = isl.ScheduleConstraints.on_domain(scop.domain)
     sc = sc.set_validity(validity).set_proximity(proximity).set_coincidence(validity)
-    text = sc.to_str()
+    if scop.params:  # a size of 1 would let isl drop its loop from the schedule: 2 instead
+        fixed = " and ".join(f"{isl_name(p)} = {max(2, scop.sizes[p])}" for p in scop.params)
+        found = _search(sc.set_context(isl.Set(f"{scop.prefix}{{ : {fixed} }}")).to_str(), scop, options)
+        if found is not None and respects(found, scop, deps):
+            return found
+        debug.log(f"schedule: the schedule of '{scop.name}' at its hint sizes does not hold for all sizes")
+    found = _search(sc.to_str(), scop, options)
+    if found is not None:
+        return found
+    debug.log(f"schedule: '{scop.name}' keeps the source order")
+    return identity_schedule(scop)
+
+
+def _search(text: str, scop: Scop, options: Options) -> isl.Schedule | None:
+    """isl's scheduler on the schedule constraints ``text`` with the fallbacks :func:`compute_schedule`
+    describes; None when every attempt failed."""
     time_box, max_operations = TIME_BOX, MAX_OPERATIONS
     failures = []
     if time_box is not None:  # cheap first: in this process, on a small pivot budget
@@ -98,8 +121,8 @@ def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Sch
         failures.append(why)
         debug.log(f"schedule: isl's scheduler on '{scop.name}' with fusion={fusion}, constant terms up to "
                   f"{constant or 'any'} {why}; falling back")
-    debug.log(f"schedule: '{scop.name}' keeps the source order ({'; '.join(failures)})")
-    return identity_schedule(scop)
+    debug.log(f"schedule: isl's scheduler on '{scop.name}' failed: {'; '.join(failures)}")
+    return None
 
 
 def isl_schedule_text(constraints: str, fusion: str, max_constant_term: int | None, max_operations: int) -> str:

@@ -124,6 +124,21 @@ class Scop:
         """The parameter declaration isl text over this Scop starts with (``"[M, N] -> "``, or ``""``)."""
         return f"[{', '.join(isl_name(p) for p in self.params)}] -> " if self.params else ""
 
+    def shapes_at(self, sizes: dict) -> dict[str, tuple[int, ...]] | None:
+        """A generic kernel's tensor shapes at ``sizes`` (parameter → value): each extent, an int or an affine
+        function of the parameters, evaluated by isl. None when ``sizes`` are outside :attr:`context`."""
+        fixed = " and ".join(f"{isl_name(p)} = {int(sizes[p])}" for p in self.params)
+        point = isl.Set(f"{self.prefix}{{ : {fixed or 'true'} }}")
+        if self.context is not None and self.context.intersect(point).is_empty():
+            return None
+
+        def value(e) -> int:
+            if type(e) is int:
+                return e
+            found = isl.Set(f"{self.prefix}{{ [x] : x = {e.text} }}").intersect_params(point)
+            return int(found.sample_point().get_coordinate_val(isl.dim_type.set, 0).to_python())
+        return {t.name: tuple(value(e) for e in (t.extents or t.shape)) for t in self.tensors}
+
     @property
     def hint(self) -> isl.Set | None:
         """The parameters fixed to their hint values (None when specialised)."""

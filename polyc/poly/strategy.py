@@ -112,6 +112,8 @@ def apply_strategy(schedule: isl.Schedule, scop: Scop, deps: Dependences, target
     that breaks one (or a step that refuses, such as a ``band_sink`` that would break one) gives way to
     :func:`simple_band`, and that too is checked (else the band stays as isl built it).
     """
+    if scop.params:  # a generic kernel packs nothing: a packed buffer's size and layout depend on the sizes
+        options = options.replace(promote=False)
     parallel = runs_parallel(scop, options, target)
     everything = deps.all
     packings = []
@@ -596,7 +598,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     elif v is None and reduction_member is not None:
         node = _vector_innermost(node, deps)
     elif v is not None:
-        node = _point_loops(node, len(P), u is not None, len(R), mr, nr, deps)
+        node = _point_loops(node, len(P), u is not None, len(R), mr, nr, deps, scop.hint)
     node = node_at(node.get_schedule(), band_path)
     return (mark_parallel(node, scop.hint) if parallel else node), packing
 
@@ -772,7 +774,8 @@ def _vector_innermost(point: isl.ScheduleNode, deps: isl.UnionMap) -> isl.Schedu
     return node_at(schedule, path)
 
 
-def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: int, nr: int, deps: isl.UnionMap):
+def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: int, nr: int, deps: isl.UnionMap,
+                 hint: isl.Set | None = None):
     """Register-tile and mark the point band ``[P, u, v, R]`` (steps 4 and 5); returns a node of the tree."""
     node = point
     if n_p:
@@ -780,7 +783,7 @@ def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: i
     width = 1 + int(has_u)
     if n_r:
         node = band_split(node, width)  # [u, v] over [R]
-    node = isolate_full_tiles(band_tile(node, [mr, nr] if has_u else [nr]))
+    node = isolate_full_tiles(band_tile(node, [mr, nr] if has_u else [nr]), hint=hint)
     inner = node.child(0)  # [ur, vr]
     inner_path = path_of(inner)
     # distribute the loops below [ur, vr] (the reduction band and any band isl nested under the outer one,
@@ -805,10 +808,10 @@ def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: i
         leaves = [leaf[:at] + (0,) + leaf[at:] for leaf in leaves]
         for path, member in ((tile_path, 0), (tile_path + (0,), 1)):
             schedule = isolate_full_tiles(node_at(schedule, path), [node_at(schedule, leaf) for leaf in leaves],
-                                          members=[member]).get_schedule()
+                                          members=[member], hint=hint).get_schedule()
     else:
-        schedule = isolate_full_tiles(node_at(schedule, tile_path),
-                                      [node_at(schedule, leaf) for leaf in leaves]).get_schedule()
+        schedule = isolate_full_tiles(node_at(schedule, tile_path), [node_at(schedule, leaf) for leaf in leaves],
+                                      hint=hint).get_schedule()
     for leaf in reversed(leaves):
         band = node_at(schedule, leaf)
         if width == 2:

@@ -143,7 +143,8 @@ def member_index(node: isl.ScheduleNode, member: int, stmt) -> str | None:
 HULL_MAX_PIECES = 4
 
 
-def isolate_full_tiles(tile: isl.ScheduleNode, points=None, members=None) -> isl.ScheduleNode:
+def isolate_full_tiles(tile: isl.ScheduleNode, points=None, members=None,
+                       hint: isl.Set | None = None) -> isl.ScheduleNode:
     """Ask the AST generator to emit full tiles of ``tile`` separately (the ``isolate`` AST build option,
     as PPCG's ``--isolate-full-tiles``): in the isolated part every point loop runs its whole tile size, so
     its bounds are constants (no ``min``/``max``) and unrolled copies need no guard.
@@ -156,6 +157,10 @@ def isolate_full_tiles(tile: isl.ScheduleNode, points=None, members=None) -> isl
     dimensions and of ``tile``'s members for which that holds for every point band. ``members`` (default:
     all) are the point band members that must be full; the others count as loops in between (a band of the
     vector tile alone asks for whole vectors for every row of the register tile). Returns the tile band node.
+
+    Over parameters (a generic kernel; ``hint``: :attr:`Scop.hint`) the convex hull of a few pieces can take
+    isl minutes; the isolated set is then the piece holding the most tiles at the hint sizes (the interior),
+    the other full tiles join the partial ones.
     """
     points = [tile.child(0)] if points is None else list(points)
     n_tile = tile.band_n_member()
@@ -202,7 +207,11 @@ def isolate_full_tiles(tile: isl.ScheduleNode, points=None, members=None) -> isl
     full = seen.subtract(bad).coalesce()
     if full.is_empty():
         return tile
-    if 1 < full.n_basic_set() <= HULL_MAX_PIECES:
+    if full.n_basic_set() > 1 and full.dim(isl.dim_type.param) and hint is not None:
+        pieces = full.get_basic_sets()
+        counts = [int(isl.Set.from_basic_set(p).intersect_params(hint).count_val().to_python()) for p in pieces]
+        full = isl.Set.from_basic_set(pieces[counts.index(max(counts))])
+    elif 1 < full.n_basic_set() <= HULL_MAX_PIECES and not full.dim(isl.dim_type.param):
         # isl's AST generator isolates the (unshifted simple) hull of the isolated set: a union such as
         # "c6 <= 224, or c6 <= 192 in the last tile of c2" (an extent that is not a multiple of the tile) would
         # widen to every tile, and no full tile would be separated. Its convex hull ("c2 + c6 <= 968") is
