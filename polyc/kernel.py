@@ -381,34 +381,37 @@ class Kernel:
                   f"({'disk cache' if compiled._stages is None else 'compiled'})")
         return compiled
 
-    def generic(self, hint: dict, options: Options | None = None) -> "GenericCompiled":
+    def generic(self, hint: dict, options: Options | None = None, fixed=()) -> "GenericCompiled":
         """The kernel compiled once for every size (``Options.generic``), deciding its schedule at the sizes
         ``hint`` (size name → extent): from this kernel's memory (the first hint asked for with these options
-        stays), else the disk cache, else the pipeline. Raises ShapeError for a missing size, and what the
-        pipeline raises."""
+        and ``fixed`` stays), else the disk cache, else the pipeline. ``fixed`` names sizes that keep the
+        hint's value (specialised, as a convolution's window: ``("KH", "KW")``); the kernel then serves the
+        shapes with those values. Raises ShapeError for a missing size, and what the pipeline raises."""
         hint = self._every_size(hint)
         options = resolve_options((options or self.options).replace(generic=True), self.target)
-        key = ("generic", options)
+        fixed = {n: hint[n] for n in self.checked.sizes if n in set(fixed)}
+        key = ("generic", options, tuple(fixed.items()))
         found = self._compiled.get(key)
         if found is not None:
             return found
         with COMPILE_LOCK:
             found = self._compiled.get(key)
             if found is None:
-                found = self._compiled[key] = self._compile_generic(hint, options)
+                found = self._compiled[key] = self._compile_generic(hint, options, fixed)
         return found
 
-    def _compile_generic(self, hint: dict, options: Options) -> "GenericCompiled":
+    def _compile_generic(self, hint: dict, options: Options, fixed: dict) -> "GenericCompiled":
         t = time.perf_counter()
-        sizes = {n: Sym(v, isl_name(n)) for n, v in hint.items()}
-        disk_key = cache.make_key(self.source, self.name, "generic", sorted(hint.items()), options.to_spec(),
-                                  self.target.key())
+        sizes = symbolic_sizes(hint, fixed)
+        disk_key = cache.make_key(self.source, self.name, "generic", sorted(hint.items()), sorted(fixed),
+                                  options.to_spec(), self.target.key())
         compiled = cache.fetch(disk_key, lambda entry: GenericCompiled(
             self, hint, options, build_scop(self.checked, sizes),
-            load_object(entry["object"], self.target, (symbol(self.name),))), f"generic entry for {self.name}")
+            load_object(entry["object"], self.target, (symbol(self.name),)), fixed=fixed),
+            f"generic entry for {self.name}")
         if compiled is None:
             stages = compile_kernel(self.checked, sizes, options, self.target, compile_ir=self.compile_ir)
-            compiled = GenericCompiled(self, hint, options, stages.scop, stages.jit, stages)
+            compiled = GenericCompiled(self, hint, options, stages.scop, stages.jit, stages, fixed)
             cache.store(disk_key, {"object": stages.jit.object_code})
         debug.log(f"{self.name}: generic kernel (hint {hint}) ready in {(time.perf_counter() - t) * 1e3:.1f} ms")
         return compiled
@@ -479,6 +482,12 @@ class Kernel:
         return compiled(*arrays, out=out)
 
 
+def symbolic_sizes(hint: dict, fixed: dict) -> dict:
+    """The sizes a generic kernel is built with: each size a :class:`~polyc.poly.affine.Sym` (an isl
+    parameter with the hint's value) but those in ``fixed``, which stay ints."""
+    return {n: v if n in fixed else Sym(v, isl_name(n)) for n, v in hint.items()}
+
+
 class GenericCompiled:
     """A kernel compiled once for every size (``Options.generic``): its sizes are isl parameters
     (``[M, N, K] -> { S[m, n, k] : ... }``) and arguments of one native function. :meth:`at` gives the
@@ -493,9 +502,10 @@ class GenericCompiled:
     :data:`polyc.poly.affine.SIZE_MAX`, with every inferred range non-empty. ``hint``: the sizes its
     decisions were taken at; ``stages``: the pipeline's stages (None when loaded from the disk cache)."""
 
-    def __init__(self, kernel: Kernel, hint: dict, options: Options, scop, jit, stages=None):
+    def __init__(self, kernel: Kernel, hint: dict, options: Options, scop, jit, stages=None, fixed=None):
         self.kernel = kernel
         self.hint = dict(hint)
+        self.fixed = dict(fixed or {})
         self.options = options
         self.scop = scop
         self._stages = stages
@@ -508,7 +518,7 @@ class GenericCompiled:
         code that runs stays the cached one)."""
         with COMPILE_LOCK:
             if self._stages is None:
-                sizes = {n: Sym(v, isl_name(n)) for n, v in self.hint.items()}
+                sizes = symbolic_sizes(self.hint, self.fixed)
                 self._stages = compile_kernel(self.kernel.checked, sizes, self.options, self.kernel.target,
                                               compile_ir=self.kernel.compile_ir)
         return self._stages
@@ -524,6 +534,11 @@ class GenericCompiled:
         sizes = self.kernel._every_size(sizes)
         key = tuple(sizes.items())
         found = self._at.get(key)
+        if found is None and any(sizes[n] != v for n, v in self.fixed.items()):
+            given = ", ".join(f"{n}={sizes[n]}" for n in self.fixed)
+            want = ", ".join(f"{n}={v}" for n, v in self.fixed.items())
+            raise ShapeError(f"{self.kernel.name}: this generic kernel was compiled for {want}, got {given}",
+                             hint="compile another with Kernel.generic(sizes, fixed=...)")
         if found is None:
             shapes = self.shapes(sizes)
             tensors = [TensorSpec(t.name, t.dtype, shapes[t.name], t.role) for t in self.scop.tensors]

@@ -86,21 +86,23 @@ def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: 
     ir.IRBuilder(end).ret(ir.Constant(I32, 0))
 
     b = ir.IRBuilder(fn.append_basic_block("entry"))
+    sizes, extents = [], {}
+    if params:  # a generic kernel: after the argument tensors, a pointer to its sizes (int64, Scop.params order)
+        n_args = sum(t.role != "local" for t in scop.tensors)
+        slot = b.gep(fn.args[0], [ir.Constant(I64, n_args)], inbounds=True, source_etype=PTR)
+        array = b.load(slot, name="sizes", typ=PTR, align=8)
+        sizes = [b.load(b.gep(array, [ir.Constant(I64, i)], inbounds=True, source_etype=I64), name=p, typ=I64,
+                        align=8) for i, p in enumerate(params)]
+        extents = extent_values(kernel, dict(zip(params, sizes)), b)
     pointers, locals_ = [], []
     for i, t in enumerate(scop.tensors):
         if t.role == "local":
-            pointers.append(_allocate(module, fn, b, t))
+            pointers.append(_allocate(module, fn, b, t, _element_count(t, extents, b)))
             locals_.append(pointers[-1])
             continue
         slot = b.gep(fn.args[0], [ir.Constant(I64, i)], inbounds=True, source_etype=PTR)
         pointers.append(b.load(slot, name=X.ir_name(t.name), typ=PTR, align=8))
-    sizes = []
-    if params:  # a generic kernel: after the tensors, a pointer to its sizes (int64, Scop.params order)
-        slot = b.gep(fn.args[0], [ir.Constant(I64, len(scop.tensors))], inbounds=True, source_etype=PTR)
-        array = b.load(slot, name="sizes", typ=PTR, align=8)
-        sizes = [b.load(b.gep(array, [ir.Constant(I64, i)], inbounds=True, source_etype=I64), name=p, typ=I64,
-                        align=8) for i, p in enumerate(params)]
-    shadows = _allocate_shadows(kernel, fn, b, dict(zip(params, sizes)))
+    shadows = _allocate_shadows(kernel, fn, b, extents)
     locals_ += shadows[1]
     status = b.call(region.fn, pointers + [shadows[0]] + sizes)
     free = X.declare(module, "free", ir.FunctionType(ir.VoidType(), [PTR]))
@@ -133,8 +135,19 @@ def extent_values(k: KernelEmitter, ids: dict, b: ir.IRBuilder) -> dict[str, ir.
     return values
 
 
+def _element_count(t, extents: dict, b: ir.IRBuilder) -> ir.Value:
+    """The number of elements of tensor ``t`` (at least 1): a constant, or in a generic kernel the product
+    of its extents at run time (``extents``: :func:`extent_values`)."""
+    if not t.extents:
+        return ir.Constant(I64, max(1, t.size))
+    count = ir.Constant(I64, 1)
+    for j, e in enumerate(t.extents):
+        count = b.mul(count, extents[f"{t.name}.{j}"] if type(e) is not int else ir.Constant(I64, e))
+    return smax(b, count, ir.Constant(I64, 1))
+
+
 def _allocate_shadows(k: KernelEmitter, fn: ir.Function, b: ir.IRBuilder,
-                      params: dict | None = None) -> tuple[ir.Value, list[ir.Value]]:
+                      extents: dict | None = None) -> tuple[ir.Value, list[ir.Value]]:
     """``(array, buffers)``: one zeroed shadow buffer (``calloc``: 8 bytes per element of the tensor, two for
     float64, see :func:`~polyc.codegen.sums.fold_sum`) per tensor in ``k.shadows``, and the array of their
     pointers the region functions take as :data:`~polyc.codegen.region.SHADOWS` (a null pointer when there is
@@ -147,16 +160,8 @@ def _allocate_shadows(k: KernelEmitter, fn: ir.Function, b: ir.IRBuilder,
     array = b.alloca(ir.ArrayType(PTR, len(k.shadows)), name="shadows")
     array.type = PTR
     buffers, failed = [], ir.Constant(I1, 0)
-    extents = extent_values(k, params, b) if params else {}
     for i, name in enumerate(k.shadows):
-        t = k.scop.tensor(name)
-        count = ir.Constant(I64, max(1, t.size))
-        if t.extents:  # a generic kernel: the product of the extents at run time (at least 1)
-            count = ir.Constant(I64, 1)
-            for j, e in enumerate(t.extents):
-                count = b.mul(count, extents[f"{name}.{j}"] if type(e) is not int else ir.Constant(I64, e))
-            count = smax(b, count, ir.Constant(I64, 1))
-        p = b.call(calloc, [count, ir.Constant(I64, 16)],
+        p = b.call(calloc, [_element_count(k.scop.tensor(name), extents or {}, b), ir.Constant(I64, 16)],
                    name=X.ir_name(f"{name}.shadow"))
         b.store(p, b.gep(array, [ir.Constant(I64, i)], inbounds=True, source_etype=PTR))
         failed = b.or_(failed, b.icmp_unsigned("==", p, ir.Constant(PTR, None)))
@@ -176,12 +181,14 @@ def _allocate_shadows(k: KernelEmitter, fn: ir.Function, b: ir.IRBuilder,
 STATUS_NO_MEMORY = 2
 
 
-def _allocate(module: ir.Module, fn: ir.Function, b: ir.IRBuilder, t) -> ir.Value:
-    """``aligned_alloc(64, bytes)`` for local tensor ``t`` (a promoted buffer, not an argument); the kernel
-    returns STATUS_NO_MEMORY when it fails. Leaves ``b`` in the block where the pointer is valid."""
-    nbytes = max(64, -(-t.size * X.element_bytes(t.dtype) // 64) * 64)
+def _allocate(module: ir.Module, fn: ir.Function, b: ir.IRBuilder, t, count: ir.Value) -> ir.Value:
+    """``aligned_alloc(64, bytes)`` for local tensor ``t`` of ``count`` elements (a promoted buffer, not an
+    argument; the bytes rounded up to a multiple of 64); the kernel returns STATUS_NO_MEMORY when it fails.
+    Leaves ``b`` in the block where the pointer is valid."""
+    nbytes = b.mul(count, ir.Constant(I64, X.element_bytes(t.dtype)))
+    nbytes = b.and_(b.add(nbytes, ir.Constant(I64, 63)), ir.Constant(I64, -64))
     alloc = X.declare(module, "aligned_alloc", ir.FunctionType(PTR, [I64, I64]))
-    pointer = b.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, nbytes)], name=X.ir_name(t.name))
+    pointer = b.call(alloc, [ir.Constant(I64, 64), nbytes], name=X.ir_name(t.name))
     ok = fn.append_basic_block(X.ir_name(f"{t.name}.allocated"))
     failed = fn.append_basic_block(X.ir_name(f"{t.name}.no_memory"))
     b.cbranch(b.icmp_unsigned("==", pointer, ir.Constant(PTR, None)), failed, ok)

@@ -50,7 +50,7 @@ def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], t
     for k, packing in enumerate(packings):
         source = scop.tensor(packing.read.tensor)
         if source.name in constants and source.role == "input" and packing.position in (-1, len(source.shape) - 1) \
-                and sole_read(scop, packing.statement, packing.read):
+                and sole_read(scop, packing.statement, packing.read) and not scop.params:
             packed = Tensor(source.name, source.dtype, _packed_shape(source.shape, packing.block), "input",
                             packing.block)
             tensors = [packed if t.name == source.name else t for t in tensors]
@@ -94,18 +94,22 @@ def _copy_statement(scop: Scop, packing: Packing, source: Tensor, name: str, stm
     dimension other than the last (``packing.position``) copies the read transposed."""
     nr = packing.block
     position = packing.position % len(source.shape)
-    shape = _packed_shape(source.shape, nr, position)
-    n = source.shape[position]
-    local = Tensor(name, source.dtype, shape, "local")
+    extents = source.extents or source.shape  # a generic kernel's: in the sizes (Sym)
+    shape = _packed_shape(extents, nr, position)
+    n = extents[position]
+    local = Tensor(name, source.dtype, tuple(int(e) for e in shape), "local",
+                   extents=shape if source.extents else ())
     indices = tuple(f"p{d}" for d in range(len(shape)))  # [vb, the other dims in order, vl]
     vb, *lead, vl = indices
     dims = ", ".join(indices)
     bounds = [f"0 <= {i} < {e}" for i, e in zip(indices, shape)] + [f"{nr}*{vb} + {vl} < {n}"]
-    domain = isl.Set(f"{{ {stmt_name}[{dims}] : {' and '.join(bounds)} }}")
+    domain = isl.Set(f"{scop.prefix}{{ {stmt_name}[{dims}] : {' and '.join(bounds)} }}")
+    if scop.context is not None:
+        domain = domain.intersect_params(scop.context)
     source_texts = list(lead)
     source_texts.insert(position, f"{nr}*{vb} + {vl}")
-    write = isl.Map(f"{{ {stmt_name}[{dims}] -> {isl_name(name)}[{dims}] }}").intersect_domain(domain)
-    reads = isl.UnionMap(f"{{ {stmt_name}[{dims}] -> {isl_name(source.name)}[{', '.join(source_texts)}] }}")
+    write = isl.Map(f"{scop.prefix}{{ {stmt_name}[{dims}] -> {isl_name(name)}[{dims}] }}").intersect_domain(domain)
+    reads = isl.UnionMap(f"{scop.prefix}{{ {stmt_name}[{dims}] -> {isl_name(source.name)}[{', '.join(source_texts)}] }}")
     reads = reads.intersect_domain(isl.UnionSet.from_set(domain))
 
     def ident(i):

@@ -112,8 +112,6 @@ def apply_strategy(schedule: isl.Schedule, scop: Scop, deps: Dependences, target
     that breaks one (or a step that refuses, such as a ``band_sink`` that would break one) gives way to
     :func:`simple_band`, and that too is checked (else the band stays as isl built it).
     """
-    if scop.params:  # a generic kernel packs nothing: a packed buffer's size and layout depend on the sizes
-        options = options.replace(promote=False)
     parallel = runs_parallel(scop, options, target)
     everything = deps.all
     packings = []

@@ -81,7 +81,8 @@ def test_one_compile_serves_every_shape(case):
 SWEEP = [polyc.Options(generic=True, tile=False), polyc.Options(generic=True, register_tile=False),
          polyc.Options(generic=True, vectorize=False), polyc.Options(generic=True, unroll=0),
          polyc.Options(generic=True, threads=2), polyc.Options(generic=True, tile_sizes=(5, 3, 7)),
-         polyc.Options(generic=True, threads=2, register_tile_sizes=(3, 16))]
+         polyc.Options(generic=True, threads=2, register_tile_sizes=(3, 16)),
+         polyc.Options(generic=True, promote=True)]  # packed panels allocated at the call's sizes
 
 
 @pytest.mark.parametrize("options", SWEEP, ids=[o.to_spec() for o in SWEEP])
