@@ -12,8 +12,9 @@ per op family), ``memory`` (arena), ``steps`` (the compiled program), ``executor
 """
 from . import backend
 from .api import CompiledModel, compile, compile_kernels
+from .dynamic import DynamicModel, compile_dynamic
 from .load import ModelError
 from .testing import LIGHT_MODELS, light_model_path
 
-__all__ = ["compile", "CompiledModel", "compile_kernels", "backend", "ModelError", "light_model_path",
+__all__ = ["compile", "CompiledModel", "compile_dynamic", "DynamicModel", "compile_kernels", "backend", "ModelError", "light_model_path",
            "LIGHT_MODELS"]

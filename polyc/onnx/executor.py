@@ -29,10 +29,12 @@ class PythonExecutor:
     allocated when every arena is in use), so they never share intermediates or temporaries.
     """
 
-    def __init__(self, program: Program, progress: bool = False):
+    def __init__(self, program: Program, progress: bool = False, compile_step=None):
         """JIT-compile each distinct kernel of ``program`` (see :meth:`Step.compile`; a tqdm bar with
         ``progress``), pack the constants they read packed, once, and lay out the arena.
-        ``compile_seconds`` maps a def's source to its JIT seconds."""
+        ``compile_seconds`` maps a def's source to its JIT seconds. ``compile_step(step, constants)``: what
+        gives each step's compiled kernel (default ``step.compile(constants)``; a model with symbolic dims
+        hands its generic kernels, :mod:`polyc.onnx.dynamic`)."""
         self.program = program
         self.arenas = ArenaPool(self._workspace)
         self.constants = {k: np.ascontiguousarray(v) for k, v in program.constants.items()}
@@ -47,7 +49,8 @@ class PythonExecutor:
             params = [p.name for p in step.kernel.checked.inputs]
             roots = [program.plan.root(name) for name in step.inputs]
             constants = frozenset(p for p, root in zip(params, roots) if root in self.constants)
-            compiled = self.compiled[step.group] = step.compile(constants)
+            compiled = self.compiled[step.group] = \
+                step.compile(constants) if compile_step is None else compile_step(step, constants)
             for j, (spec, root) in enumerate(zip(compiled.inputs, roots)):
                 if spec.packed:  # one packed copy per constant and layout, shared by the steps that read it
                     key = (root, spec.shape, spec.packed)
