@@ -5,7 +5,7 @@
     polyc run [MODEL.onnx] [--input NAME=file.npy ...] [--bench N]     (no model: the bundled ResNet-50)
     polyc compile MODEL.onnx [--show-groups]
     polyc export MODEL.onnx -o DIR [--name NAME] [--threads N]
-    polyc export FILE.tc --def NAME --sizes M=64,N=64,K=64 -o DIR [--name NAME] [--options SPEC]
+    polyc export FILE.tc --def NAME --sizes M=64,N=64,K=64 -o DIR [--name NAME] [--options SPEC] [--generic]
     polyc tune FILE.tc --def NAME --sizes M=64,N=64,K=64 [--budget S] [--trials N] [--strategy S] [--ray ADDR]
     polyc tune MODEL.onnx [--budget S] ...       (every distinct kernel, S seconds each)
     polyc tune --show                             (the records, per kernel the default and the best)
@@ -267,9 +267,13 @@ def cmd_export(args) -> int:
         from .onnx.export import export_model
         lib = export_model(args.file, args.output, args.name, options)
     else:
-        from .export import export_kernel
-        lib = export_kernel(read_source(args.file), parse_sizes(args.sizes), args.output, args.name, options,
-                            args.def_name)
+        from .export import export_generic_kernel, export_kernel
+        if args.generic:
+            lib = export_generic_kernel(read_source(args.file), parse_sizes(args.sizes), args.output, args.name,
+                                        options, args.def_name)
+        else:
+            lib = export_kernel(read_source(args.file), parse_sizes(args.sizes), args.output, args.name, options,
+                                args.def_name)
     for path in (lib.library, lib.object, lib.header):
         print(path)
     return 0
@@ -369,6 +373,8 @@ def main(argv=None) -> int:
                                                 "model file's stem or the def's name)")
     p.add_argument("--def", dest="def_name", default=None, help="the def to export when the file has several")
     p.add_argument("--sizes", default="", help="for a def: size values, e.g. M=64,N=64,K=64")
+    p.add_argument("--generic", action="store_true", help="for a def: one function for every size, taking the "
+                                                          "sizes as arguments (--sizes is then the hint)")
     p.add_argument("--options", default=None, help="an Options spec, e.g. tile_sizes=32x32x64,parallel=0")
     p.add_argument("--threads", type=_positive, default=None, help="threads of the parallel loops (default: "
                                                                    "this machine's usable cores)")

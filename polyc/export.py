@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import env
-from .codegen import pool_object
+from .codegen import compile_object, new_module, pool_object
 from .errors import PolycError
-from .kernel import Kernel
+from .kernel import Kernel, symbolic_sizes
 from .lang.ast import itemsize
 from .options import Options
-from .pipeline import COMPILE_LOCK, resolve_options
+from .pipeline import COMPILE_LOCK, c_interface, emit, lower, resolve_options
 from .program import KernelCall, ProgramObjects, program_objects
 from .runtime.records import polyc_version
 from .target import host_target
@@ -160,6 +160,72 @@ def export_kernel(source: str, sizes: dict, directory, name: str | None = None, 
     declarations = [f"{signature};"]
     return write_library(directory, cname, made.objects, "\n".join(glue), declarations, about, usage,
                          inputs, outputs, kernel.target, options)
+
+
+def export_generic_kernel(source: str, hint: dict, directory, name: str | None = None,
+                          options: Options | None = None, def_name: str | None = None, fixed=()) -> Library:
+    """Export the def ``def_name`` of ``source`` as a generic kernel (:meth:`polyc.Kernel.generic`, its schedule
+    decided at the sizes ``hint``; ``fixed`` sizes keep the hint's value) to ``directory``: the C function
+    ``int <name>(const T *input..., T *output..., int64_t size...)`` with the def's sizes, in declaration order,
+    after the tensors; ``<name>_extent(size..., int tensor, int dim)`` gives the extent of dimension ``dim``
+    of tensor ``tensor`` (inputs then outputs, in order) at those sizes. Sizes outside what the kernel serves
+    (an empty range, a size above 2^24) return :data:`STATUS_ARGUMENT`. Raises like :func:`export_kernel`."""
+    kernel = Kernel(source, def_name, options)
+    hint = kernel._every_size(hint)
+    options = resolve_options(kernel.options.replace(generic=True), host_target())
+    fixed = {n: hint[n] for n in kernel.checked.sizes if n in set(fixed)}
+    target = kernel.target
+    cname = c_name(name or kernel.name)
+    with COMPILE_LOCK:
+        lowered = lower(kernel.checked, symbolic_sizes(hint, fixed), options, target)
+        module = new_module(target)
+        emit(module, lowered, f"{cname}_kernel", target, options)
+        code = compile_object(module, target, options.opt_level, options.unroll != 0, shared=True)
+    scop = lowered.scop
+    names = [n for n in kernel.checked.sizes if n not in fixed]
+    params, shapes, context = c_interface(lowered)
+    tensors = [t for t in scop.tensors if t.role != "local"]
+    inputs = tuple(Tensor(t.name, t.dtype, shapes[t.name]) for t in tensors if t.role == "input")
+    outputs = tuple(Tensor(t.name, t.dtype, shapes[t.name]) for t in tensors if t.role == "output")
+    temps = [t for t in tensors if t.role == "temp"]
+    size_args = ", ".join(f"int64_t {params[n]}" for n in names)
+    args = [f"const {C_TYPES[t.dtype]} *{c_name(t.name)}" for t in inputs] + \
+        [f"{C_TYPES[t.dtype]} *{c_name(t.name)}" for t in outputs]
+    signature = f"int {cname}({', '.join(args + [f'int64_t {params[n]}' for n in names])})"
+    extent_signature = f"int64_t {cname}_extent({size_args}{', ' if names else ''}int tensor, int dim)"
+    slots = [c_name(t.name) for t in inputs + outputs]
+    n = len(tensors)
+    body = [f"    if ({' || '.join(f'!{s}' for s in slots) or '0'}) return {STATUS_ARGUMENT};",
+            f"    if (!({context})) return {STATUS_ARGUMENT};",
+            f"    void *args[{n + 1}];", f"    int64_t sizes[{max(1, len(scop.params))}] = "
+            f"{{{', '.join(params[p] for p in scop.params) or '0'}}};"]
+    body += [f"    args[{i}] = (void *){s};" for i, s in enumerate(slots)]
+    for k, t in enumerate(temps):
+        count = " * ".join(f"(size_t)({e})" for e in shapes[t.name]) or "1"
+        body.append(f"    args[{len(slots) + k}] = calloc({count} + 1, {itemsize(t.dtype)});")
+    body.append(f"    args[{n}] = sizes;")
+    if temps:
+        failed = " || ".join(f"!args[{len(slots) + k}]" for k in range(len(temps)))
+        body.append(f"    int status = ({failed}) ? {STATUS_MEMORY} : {cname}_kernel(args);")
+        body += [f"    free(args[{len(slots) + k}]);" for k in range(len(temps))]
+        body.append("    return status;")
+    else:
+        body.append(f"    return {cname}_kernel(args);")
+    cases = []
+    for i, t in enumerate(inputs + outputs):
+        dims = " ".join(f"if (dim == {d}) return {e};" for d, e in enumerate(t.shape))
+        cases.append(f"    if (tensor == {i}) {{ {dims} }}")
+    glue = ["#define floord(n, d) (((n) < 0) ? -((-(n) + (d) - 1) / (d)) : (n) / (d))",
+            "#define min(a, b) ((a) < (b) ? (a) : (b))", "#define max(a, b) ((a) > (b) ? (a) : (b))",
+            f"extern int {cname}_kernel(void **args);", "", f"{signature} {{",
+            f"    if (!({cpu_check(target)})) return {STATUS_CPU};", *body, "}", "",
+            f"{extent_signature} {{", *cases, "    return -1;", "}"]
+    usage = [f"// {t.describe()}" for t in inputs + outputs]
+    usage.append(f"int status = {cname}({', '.join(slots + [params[n] for n in names])});  // {STATUS_OK}: done")
+    about = (f"the def '{kernel.name}' for every size ({', '.join(names)} are arguments; schedule decided at "
+             f"{', '.join(f'{k}={v}' for k, v in hint.items())})")
+    return write_library(directory, cname, [code], "\n".join(glue), [f"{signature};", f"{extent_signature};"],
+                         about, usage, inputs, outputs, target, options)
 
 
 def write_library(directory, name: str, objects, glue: str, declarations: list, about: str, usage: list,

@@ -18,7 +18,8 @@ from .codegen import compile_module, emit_kernel, new_module
 from .errors import PolycError
 from .lang import ast as L
 from .options import Options
-from .poly.astbuild import ast_to_c, build_ast
+from .poly.affine import isl_name
+from .poly.astbuild import ast_to_c, build_ast, c_condition, c_expression
 from .poly.build import build_scop
 from .poly.deps import compute_dependences
 from .poly.promote import promote
@@ -82,6 +83,20 @@ def lower(checked: L.CheckedDef, sizes: dict, options: Options, target: Target,
                                 show=lambda v: tree_text(v[1]) if packings else None)
     ast = log("ast", build_ast, transformed, scop.context, show=ast_to_c)
     return Lowered(promoted, deps, schedule, transformed, ast)
+
+
+def c_interface(lowered: Lowered) -> tuple[dict, dict, str]:
+    """A generic kernel's interface in C, for glue code (:mod:`polyc.export`): ``(names, shapes,
+    condition)``: each parameter's C name (its isl spelling), each tensor's extents as C expressions of them
+    (ints as text too; :func:`~polyc.poly.astbuild.c_expression`), and the C condition the sizes must meet
+    (the Scop's context: every size in 1..2^24, every inferred range non-empty)."""
+    scop = lowered.scop
+    names = {p: isl_name(p) for p in scop.params}
+
+    def extent(e) -> str:
+        return str(e) if type(e) is int else f"({c_expression(e.text, scop.prefix, scop.context)})"
+    shapes = {t.name: tuple(extent(e) for e in (t.extents or t.shape)) for t in scop.tensors}
+    return names, shapes, c_condition(scop.context) if scop.context is not None else "1"
 
 
 def emit(module, lowered: Lowered, name: str, target: Target, options: Options) -> None:

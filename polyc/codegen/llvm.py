@@ -38,7 +38,8 @@ from ..poly.scop import Scop
 from ..poly.strategy import threads as thread_count
 from . import expr as X
 from .pool import declare_parallel_run
-from .region import (KernelEmitter, Region, disjoint_copies, emit_isl_expr, emit_loop, emit_trip_count, emit_user, loop_bounds,
+from .region import (KernelEmitter, Region, disjoint_copies, emit_isl_expr, emit_loop, emit_trip_count, emit_user,
+                     loop_bounds,
                      smax, smin, with_id)
 from .sums import blocked_reduction_plan, emit_blocked_reduction
 from .vector import emit_vector_for

@@ -16,5 +16,6 @@ from .dynamic import DynamicModel, compile_dynamic
 from .load import ModelError
 from .testing import LIGHT_MODELS, light_model_path
 
-__all__ = ["compile", "CompiledModel", "compile_dynamic", "DynamicModel", "compile_kernels", "backend", "ModelError", "light_model_path",
+__all__ = ["compile", "CompiledModel", "compile_dynamic", "DynamicModel", "compile_kernels", "backend", "ModelError",
+           "light_model_path",
            "LIGHT_MODELS"]

@@ -109,7 +109,8 @@ def _copy_statement(scop: Scop, packing: Packing, source: Tensor, name: str, stm
     source_texts = list(lead)
     source_texts.insert(position, f"{nr}*{vb} + {vl}")
     write = isl.Map(f"{scop.prefix}{{ {stmt_name}[{dims}] -> {isl_name(name)}[{dims}] }}").intersect_domain(domain)
-    reads = isl.UnionMap(f"{scop.prefix}{{ {stmt_name}[{dims}] -> {isl_name(source.name)}[{', '.join(source_texts)}] }}")
+    target = f"{isl_name(source.name)}[{', '.join(source_texts)}]"
+    reads = isl.UnionMap(f"{scop.prefix}{{ {stmt_name}[{dims}] -> {target} }}")
     reads = reads.intersect_domain(isl.UnionSet.from_set(domain))
 
     def ident(i):

@@ -213,3 +213,42 @@ def test_without_a_c_compiler_the_export_says_what_is_missing(tmp_path, monkeypa
     monkeypatch.setenv("CC", "no-such-compiler-polyc")
     with pytest.raises(polyc.PolycError, match="needs a C compiler.*no-such-compiler-polyc"):
         export_kernel(MATMUL, dict(M=2, K=2, N=2), tmp_path)
+
+
+GENERIC_DRIVER = """    int64_t M = atol(argv[3]), K = atol(argv[4]), N = atol(argv[5]);
+    if (mm_extent(M, K, N, 2, 0) != M || mm_extent(M, K, N, 2, 1) != N) return 97;
+    float *A = load(argv[1], sizeof(float) * M * K), *B = load(argv[2], sizeof(float) * K * N);
+    float *C = malloc(sizeof(float) * M * N);
+    int status = mm(A, B, C, M, K, N);
+    if (status == 0) save("out0.bin", C, sizeof(float) * M * N);
+    if (status == 0) status = mm(A, B, C, 0, K, N) == MM_BAD_ARGUMENT ? 0 : 96;
+    return status;"""
+
+
+def test_a_generic_kernel_exported_serves_every_size_from_c(tmp_path):
+    """``export_generic_kernel``: one library, the sizes as arguments; a C driver runs it at sizes of 1, primes
+    and larger than the hint, bit for bit what polyc's generic kernel gives in-process; sizes the kernel does
+    not serve are BAD_ARGUMENT; no Python in the library."""
+    from polyc.export import export_generic_kernel
+    hint = dict(M=32, K=16, N=48)
+    lib = export_generic_kernel(MATMUL, hint, tmp_path / "lib", options=polyc.Options(threads=2))
+    header = lib.header.read_text()
+    assert "int mm(const float *A, const float *B, float *C, int64_t M, int64_t K, int64_t N);" in header
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(lib.library)], capture_output=True,
+                              text=True).stdout.split()
+    assert {s for s in exported if len(s) > 1 and not s.isupper() and not s[0].isdigit()} == {"mm", "mm_extent"}
+    assert "python" not in subprocess.run(["ldd", str(lib.library)], capture_output=True, text=True).stdout.lower()
+    program = _build(lib, tmp_path, GENERIC_DRIVER)
+    generic = polyc.define(MATMUL, options=polyc.Options(generic=True, threads=2)).generic(hint)
+    rng = np.random.default_rng(5)
+    for m, k, n in ((1, 1, 1), (7, 13, 31), (64, 17, 100), (33, 48, 5)):
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+        b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        a.tofile(tmp_path / "a.bin")
+        b.tofile(tmp_path / "b.bin")
+        done = subprocess.run([str(program), str(tmp_path / "a.bin"), str(tmp_path / "b.bin"), str(m), str(k),
+                               str(n)], cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, (m, k, n, done.returncode, done.stderr)
+        got = np.fromfile(tmp_path / "out0.bin", dtype=np.float32).reshape(m, n)
+        np.testing.assert_array_equal(got, generic(a, b))
+        np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
