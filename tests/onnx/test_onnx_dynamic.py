@@ -70,3 +70,25 @@ def test_a_model_without_symbolic_dims_or_a_bad_hint_is_refused():
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
     with pytest.raises(ShapeError, match="no symbolic input dimension"):
         ponnx.compile_dynamic(model)
+
+
+def test_mobilenetv3_with_a_symbolic_batch():
+    """The committed MobileNetV3-small export (torch, opset 17) with its batch made symbolic: every kernel
+    generic (34), batch 1, 3 and 5 against onnxruntime, nothing compiled per batch."""
+    import onnx
+    from pathlib import Path
+    model = onnx.load(Path(__file__).parent / "models" / "mobilenetv3.onnx")
+    for vi in list(model.graph.input) + list(model.graph.output):
+        dim = vi.type.tensor_type.shape.dim[0]
+        dim.ClearField("dim_value")
+        dim.dim_param = "batch"
+    compiled = ponnx.compile_dynamic(model, hint={"batch": 2})
+    assert all(g is not None for g in compiled.generic.values()) and None not in compiled.templates
+    session = onnxruntime.InferenceSession(model.SerializeToString())
+    rng = np.random.default_rng(2)
+    for batch in (1, 3, 5):
+        x = rng.standard_normal((batch, 3, 64, 64)).astype(np.float32)
+        got, = compiled.run({"pixel_values": x})
+        want, = session.run(None, {"pixel_values": x})
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert compiled.specialised == 0
