@@ -140,3 +140,42 @@ def test_disk_cache_reload(tmp_path, monkeypatch):
         np.testing.assert_allclose(second(a, b), a @ b, rtol=1e-4, atol=1e-4)
         np.testing.assert_array_equal(second(a, b), first(a, b))
     assert "M" in second.at(dict(M=3, N=3, K=3)).stage("ast")
+
+
+def _families():
+    from kernels import names
+    return names()
+
+
+@pytest.mark.parametrize("family", _families())
+def test_every_library_family_generic(family):
+    """The first def of every family of ``kernels/`` compiled generic at a small random hint, on shapes it
+    accepts (random sizes 1..11) against the naive specialised kernel."""
+    import polyc.lang
+    rng = np.random.default_rng(sum(map(ord, family)))
+    source = load_source(family)
+    name = polyc.lang.parse(source).defs[0].name
+    naive = polyc.define(source, name, options=NAIVE)
+    hint = None
+    for _ in range(50):
+        candidate = {n: int(rng.integers(2, 9)) for n in naive.checked.sizes}
+        if _inputs(naive, candidate, rng) is not None:
+            hint = candidate
+            break
+    assert hint is not None
+    generic = polyc.define(source, name, options=polyc.Options(generic=True, threads=2)).generic(hint)
+    checked = 0
+    for _ in range(60):
+        sizes = {n: int(rng.integers(1, 12)) for n in naive.checked.sizes}
+        specs = None
+        try:
+            specs = naive.signature(sizes)
+        except polyc.PolycError:
+            continue
+        arrays = [rng.standard_normal(t.shape).astype(t.dtype) if t.dtype.startswith("float")
+                  else rng.integers(0, 3, t.shape).astype(t.dtype) for t in specs if t.role == "input"]
+        _check(generic, naive, sizes, arrays)
+        checked += 1
+        if checked == 4:
+            break
+    assert checked == 4
