@@ -75,7 +75,7 @@ def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Sch
     A generic kernel's problem has the sizes as parameters, which isl's ILP carries as unknowns (a 3x3
     convolution ran out of every budget). It is first solved with the parameters fixed to the hint
     (``isl_schedule_constraints_set_context`` of :attr:`Scop.hint`, sizes of 1 as 2), the problem of the
-    specialised kernel;
+    specialised kernel, and again with no constant terms (a shift by a size holds at the hint only);
     that schedule is kept when it respects every dependence for every size (:func:`~polyc.poly.verify.respects`),
     else isl solves the parametric problem as above.
     """
@@ -89,7 +89,14 @@ def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Sch
     sc = sc.set_validity(validity).set_proximity(proximity).set_coincidence(validity)
     if scop.params:  # a size of 1 would let isl drop its loop from the schedule: 2 instead
         fixed = " and ".join(f"{isl_name(p)} = {max(2, scop.sizes[p])}" for p in scop.params)
-        found = _search(sc.set_context(isl.Set(f"{scop.prefix}{{ : {fixed} }}")).to_str(), scop, options)
+        hinted = sc.set_context(isl.Set(f"{scop.prefix}{{ : {fixed} }}")).to_str()
+        found = _search(hinted, scop, options)
+        if found is not None and respects(found, scop, deps):
+            return found
+        # a shift by a size (softmax's) holds at the hint only: again without constant terms
+        text = isl_schedule_text(hinted, options.fusion, 0, MAX_OPERATIONS)
+        found = isl.Schedule.read_from_str(isl.DEFAULT_CONTEXT, text) if text and not text.startswith("error:") \
+            else None
         if found is not None and respects(found, scop, deps):
             return found
         debug.log(f"schedule: the schedule of '{scop.name}' at its hint sizes does not hold for all sizes")
