@@ -128,6 +128,15 @@ def sym_value(text: str, sizes: dict) -> "Sym":
     return Sym(int(point.sample_point().get_coordinate_val(isl.dim_type.set, 0).to_python()), text)
 
 
+def simplified(value, sizes: dict):
+    """``value`` with a :class:`Sym`'s text in isl's own simplified form (``(-1 + N) + (1)`` becomes ``N``);
+    an int, or a Sym isl cannot write as one affine function, unchanged."""
+    if not isinstance(value, Sym):
+        return value
+    pieces = isl.PwAff(f"{param_prefix(sizes)}{{ [({value.text})] }}").get_pieces()
+    return Sym(int(value), aff_text(pieces[0][1])) if len(pieces) == 1 else value
+
+
 def aff_text(aff: isl.Aff) -> str:
     """The expression of a one-output affine function in isl's text: ``[H, KH] -> { [(H - KH)] }`` gives
     ``H - KH``."""

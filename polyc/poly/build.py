@@ -34,7 +34,8 @@ from ..errors import RangeError, SemanticError
 from ..lang import ast as L
 from ..lang.printer import format_expr
 from .affine import (Sym, accesses_in, aff_text, affine_text, children, constant_value, element_stride, guard_text,
-                     index_names, isl_name, param_prefix, parameters, size_context, sym_value, with_children)
+                     index_names, isl_name, param_prefix, parameters, simplified, size_context, sym_value,
+                     with_children)
 from .scop import PolyStatement, Scop, Tensor, identity_value
 
 
@@ -89,7 +90,8 @@ def build_scop(checked: L.CheckedDef, sizes: dict) -> Scop:
                     raise RangeError(f"the first write of '{cs.stmt.tensor}' starts at an index that depends on "
                                      "the sizes; a generic kernel needs it constant", cs.stmt.span, checked.source,
                                      hint="give the range with a where clause starting at a constant")
-                shapes[cs.stmt.tensor] = tuple(stmt_ranges[i][1] - stmt_ranges[i][0] for i in cs.lhs_indices)
+                shapes[cs.stmt.tensor] = tuple(simplified(stmt_ranges[i][1] - stmt_ranges[i][0], sizes)
+                                               for i in cs.lhs_indices)
                 if any(stmt_ranges[i][0] for i in cs.lhs_indices):
                     origins[cs.stmt.tensor] = tuple(stmt_ranges[i][0] for i in cs.lhs_indices)
                 _bind_dimensions(sizes, dimensions, shapes)

@@ -175,10 +175,13 @@ class Scop:
         return result
 
     def __str__(self) -> str:
-        lines = [f"scop {self.name}  sizes: " + ", ".join(f"{k}={v}" for k, v in self.sizes.items())]
+        sizes = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
+        lines = [f"scop {self.name}  " + (f"parameters: {', '.join(self.params)}  hint: {sizes}" if self.params
+                                          else f"sizes: {sizes}")]
         for t in self.tensors:
             first = f"  (element 0 is {t.name}({', '.join(map(str, t.origin))}))" if t.origin else ""
-            lines.append(f"  {t.role:6} {t.dtype}{list(t.shape)} {t.name}{first}")
+            shape = "[" + ", ".join(map(repr, t.extents)) + "]" if t.extents else str(list(t.shape))
+            lines.append(f"  {t.role:6} {t.dtype}{shape} {t.name}{first}")
         for s in self.statements:
             lines.append(f"  {s.name}: {s.tensor}({','.join(s.lhs)}) {s.op} ...")
             lines.append(f"    domain: {s.domain}")
