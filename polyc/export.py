@@ -142,15 +142,8 @@ def export_kernel(source: str, sizes: dict, directory, name: str | None = None, 
     body = [f"    void *buffers[{max(1, len(specs))}];"]
     body += [f"    buffers[{i}] = (void *){s};" for i, s in enumerate(slots)]
     body.append(f"    if ({' || '.join(f'!{s}' for s in slots) or '0'}) return {STATUS_ARGUMENT};")
-    for k, t in enumerate(temps):
-        body.append(f"    buffers[{len(slots) + k}] = calloc(1, {max(1, t.nbytes)});")
-    if temps:
-        failed = " || ".join(f"!buffers[{len(slots) + k}]" for k in range(len(temps)))
-        body.append(f"    int status = ({failed}) ? {STATUS_MEMORY} : {cname}_entry(buffers);")
-        body += [f"    free(buffers[{len(slots) + k}]);" for k in range(len(temps))]
-        body.append("    return status;")
-    else:
-        body.append(f"    return {cname}_entry(buffers);")
+    body += _call_with_temps("buffers", len(slots), [f"1, {max(1, t.nbytes)}" for t in temps],
+                             f"{cname}_entry(buffers)")
     glue = [f"extern int {cname}_entry(void **buffers);", "", f"{signature} {{",
             f"    if (!({cpu_check(kernel.target)})) return {STATUS_CPU};", *body, "}"]
     usage = [f"{C_TYPES[t.dtype]} {c_name(t.name)}[{t.nbytes // itemsize(t.dtype)}];  // {t.describe()}"
@@ -200,17 +193,10 @@ def export_generic_kernel(source: str, hint: dict, directory, name: str | None =
             f"    void *args[{n + 1}];", f"    int64_t sizes[{max(1, len(scop.params))}] = "
             f"{{{', '.join(params[p] for p in scop.params) or '0'}}};"]
     body += [f"    args[{i}] = (void *){s};" for i, s in enumerate(slots)]
-    for k, t in enumerate(temps):
-        count = " * ".join(f"(size_t)({e})" for e in shapes[t.name]) or "1"
-        body.append(f"    args[{len(slots) + k}] = calloc({count} + 1, {itemsize(t.dtype)});")
     body.append(f"    args[{n}] = sizes;")
-    if temps:
-        failed = " || ".join(f"!args[{len(slots) + k}]" for k in range(len(temps)))
-        body.append(f"    int status = ({failed}) ? {STATUS_MEMORY} : {cname}_kernel(args);")
-        body += [f"    free(args[{len(slots) + k}]);" for k in range(len(temps))]
-        body.append("    return status;")
-    else:
-        body.append(f"    return {cname}_kernel(args);")
+    counts = [" * ".join(f"(size_t)({e})" for e in shapes[t.name]) or "1" for t in temps]
+    body += _call_with_temps("args", len(slots), [f"{c} + 1, {itemsize(t.dtype)}" for c, t in zip(counts, temps)],
+                             f"{cname}_kernel(args)")
     cases = []
     for i, t in enumerate(inputs + outputs):
         dims = " ".join(f"if (dim == {d}) return {e};" for d, e in enumerate(t.shape))
@@ -226,6 +212,17 @@ def export_generic_kernel(source: str, hint: dict, directory, name: str | None =
              f"{', '.join(f'{k}={v}' for k, v in hint.items())})")
     return write_library(directory, cname, [code], "\n".join(glue), [f"{signature};", f"{extent_signature};"],
                          about, usage, inputs, outputs, target, options)
+
+
+def _call_with_temps(array: str, first: int, callocs: list, call: str) -> list:
+    """C lines that allocate the temporaries (``calloc(<callocs[k]>)`` into ``array[first + k]``), return
+    :data:`STATUS_MEMORY` when one fails, else ``call``'s status, and free them."""
+    slots = [f"{array}[{first + k}]" for k in range(len(callocs))]
+    if not slots:
+        return [f"    return {call};"]
+    lines = [f"    {s} = calloc({c});" for s, c in zip(slots, callocs)]
+    lines.append(f"    int status = ({' || '.join(f'!{s}' for s in slots)}) ? {STATUS_MEMORY} : {call};")
+    return lines + [f"    free({s});" for s in slots] + ["    return status;"]
 
 
 def write_library(directory, name: str, objects, glue: str, declarations: list, about: str, usage: list,

@@ -64,15 +64,7 @@ def conv_7x7_s2_p3(float(N,H,W,C) X, float(KH,KW,C,M) F) -> (Y) {
 }
 """
 
-#: Every distinct convolution of ResNet-50 (torchvision v1.5, batch 1, 224x224): (C, H, M, K, stride, pad),
-#: as in scripts/bench_kernels.py.
-RESNET50_CONVS = ((3, 224, 64, 7, 2, 3), (64, 56, 64, 1, 1, 0), (64, 56, 64, 3, 1, 1), (64, 56, 256, 1, 1, 0),
-                  (256, 56, 64, 1, 1, 0), (256, 56, 128, 1, 1, 0), (128, 56, 128, 3, 2, 1), (128, 28, 512, 1, 1, 0),
-                  (256, 56, 512, 1, 2, 0), (512, 28, 128, 1, 1, 0), (128, 28, 128, 3, 1, 1), (512, 28, 256, 1, 1, 0),
-                  (256, 28, 256, 3, 2, 1), (256, 14, 1024, 1, 1, 0), (512, 28, 1024, 1, 2, 0),
-                  (1024, 14, 256, 1, 1, 0), (256, 14, 256, 3, 1, 1), (1024, 14, 512, 1, 1, 0),
-                  (512, 14, 512, 3, 2, 1), (512, 7, 2048, 1, 1, 0), (1024, 14, 2048, 1, 2, 0),
-                  (2048, 7, 512, 1, 1, 0), (512, 7, 512, 3, 1, 1))
+from bench_kernels import RESNET50_CONVS  # noqa: E402  (scripts/bench_kernels.py, beside this script)
 
 
 def rows(only: str, quick: bool) -> list[tuple[str, str, dict]]:

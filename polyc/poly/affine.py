@@ -116,10 +116,16 @@ def size_context(sizes: dict) -> isl.Set:
     return isl.Set(f"{param_prefix(sizes)}{{ : {' and '.join(bounds) or 'true'} }}")
 
 
+def fixed_parameters(params, values: dict) -> isl.Set:
+    """The parameters ``params`` (size names) fixed to ``values``: ``[M, N] -> { : M = 64 and N = 32 }``."""
+    prefix = f"[{', '.join(isl_name(p) for p in params)}] -> " if params else ""
+    fixed = [f"{isl_name(p)} = {int(values[p])}" for p in params]
+    return isl.Set(f"{prefix}{{ : {' and '.join(fixed) or 'true'} }}")
+
+
 def hint_values(sizes: dict) -> isl.Set:
-    """The parameters fixed to their hint values: ``[M, N] -> { : M = 64 and N = 32 }``."""
-    fixed = [f"{isl_name(n)} = {int(sizes[n])}" for n in parameters(sizes)]
-    return isl.Set(f"{param_prefix(sizes)}{{ : {' and '.join(fixed) or 'true'} }}")
+    """The parameters of ``sizes`` fixed to their hint values (:func:`fixed_parameters`)."""
+    return fixed_parameters(parameters(sizes), sizes)
 
 
 def sym_value(text: str, sizes: dict) -> "Sym":

@@ -27,7 +27,7 @@ import islpy as isl
 
 from .. import debug
 from ..options import Options
-from .affine import isl_name
+from .affine import fixed_parameters, isl_name
 from .deps import Dependences
 from .scop import Scop
 from .verify import respects
@@ -88,8 +88,8 @@ def compute_schedule(scop: Scop, deps: Dependences, options: Options) -> isl.Sch
     sc = isl.ScheduleConstraints.on_domain(scop.domain)
     sc = sc.set_validity(validity).set_proximity(proximity).set_coincidence(validity)
     if scop.params:  # a size of 1 would let isl drop its loop from the schedule: 2 instead
-        fixed = " and ".join(f"{isl_name(p)} = {max(2, scop.sizes[p])}" for p in scop.params)
-        hinted = sc.set_context(isl.Set(f"{scop.prefix}{{ : {fixed} }}")).to_str()
+        hint = fixed_parameters(scop.params, {p: max(2, scop.sizes[p]) for p in scop.params})
+        hinted = sc.set_context(hint).to_str()
         found = _search(hinted, scop, options)
         if found is not None and respects(found, scop, deps):
             return found

@@ -23,7 +23,7 @@ import islpy as isl
 import numpy as np
 
 from ..lang import ast as L
-from .affine import isl_name
+from .affine import fixed_parameters, isl_name
 
 
 #: The identity of each reduction operator, by dtype kind (float / signed int / unsigned int / bool).
@@ -127,8 +127,7 @@ class Scop:
     def shapes_at(self, sizes: dict) -> dict[str, tuple[int, ...]] | None:
         """A generic kernel's tensor shapes at ``sizes`` (parameter → value): each extent, an int or an affine
         function of the parameters, evaluated by isl. None when ``sizes`` are outside :attr:`context`."""
-        fixed = " and ".join(f"{isl_name(p)} = {int(sizes[p])}" for p in self.params)
-        point = isl.Set(f"{self.prefix}{{ : {fixed or 'true'} }}")
+        point = fixed_parameters(self.params, sizes)
         if self.context is not None and self.context.intersect(point).is_empty():
             return None
 
@@ -142,10 +141,7 @@ class Scop:
     @property
     def hint(self) -> isl.Set | None:
         """The parameters fixed to their hint values (None when specialised)."""
-        if not self.params:
-            return None
-        fixed = " and ".join(f"{isl_name(p)} = {self.sizes[p]}" for p in self.params)
-        return isl.Set(f"{self.prefix}{{ : {fixed} }}")
+        return fixed_parameters(self.params, self.sizes) if self.params else None
 
     def tensor(self, name: str) -> Tensor:
         for t in self.tensors:
