@@ -730,6 +730,8 @@ def mark_parallel(node: isl.ScheduleNode, hint: isl.Set | None = None) -> isl.Sc
         depth = node.get_schedule_depth() + first
         if node.band_n_member() > first + 1:
             node = band_split(node, first + 1)
+        if hint is not None and first > 0:  # a generic kernel: the members before still run loops over sizes
+            node = band_split(node, first).child(0)  # (N = 1 at the hint), so the mark goes right above its own
         # the mark names the schedule dimension it parallelizes (isl calls its loop c<depth>): where isl
         # splits the band into pieces and one piece has a single value there, the loop below in that piece
         # is another dimension, which codegen then keeps sequential
