@@ -33,6 +33,15 @@ LAYOUT_ATTR = "polyc_layout"
 NHWC = "NHWC"
 NCHW_IN = "NCHW_IN"
 
+#: The attribute :func:`polyc.onnx.passes.strided_conv_to_space_to_depth` sets on the Conv it builds: the
+#: zero taps of its weights are structural (a phase's taps past the original window), not data, so the
+#: lowering leaves them out of the reduction (:func:`polyc.onnx.ops.core.tap_boxes`). A Conv from a model
+#: never has it: skipping a zero weight would turn ``inf * 0 = NaN`` into a finite result.
+ZERO_TAPS_ATTR = "polyc_zero_taps"
+
+#: Attributes of polyc's own that :func:`to_model` leaves out.
+INTERNAL_ATTRS = (LAYOUT_ATTR, ZERO_TAPS_ATTR)
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -273,7 +282,7 @@ def to_model(g: nx.DiGraph, ir_version: int | None = None, weights: bool = True)
     for nid in topo_order(g):
         d = g.nodes[nid]
         inputs, outputs = list(d["inputs"]), list(d["outputs"])
-        attrs = {k: export_attr(v) for k, v in d["attrs"].items() if k != LAYOUT_ATTR}
+        attrs = {k: export_attr(v) for k, v in d["attrs"].items() if k not in INTERNAL_ATTRS}
         layout = d["attrs"].get(LAYOUT_ATTR)
         if layout == NHWC:  # the NCHW op between Transposes: NHWC -> NCHW before, NCHW -> NHWC after
             nodes.append(helper.make_node("Transpose", [inputs[0]], [f"{nid}__nchw_in"], name=f"{nid}__to_nchw",

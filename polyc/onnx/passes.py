@@ -18,7 +18,7 @@ from onnx import helper
 from ..errors import CompileError, ShapeError
 from .control import lower_control_flow
 from .folding import NONDETERMINISTIC, evaluate_node, fold_constants, fold_with_shapes, refresh_shapes
-from .graph import (TensorInfo, add_op, connect, consumers, copy_graph, fresh_name, producer, remove_op,
+from .graph import (ZERO_TAPS_ATTR, TensorInfo, add_op, connect, consumers, copy_graph, fresh_name, producer, remove_op,
                     replace_uses, set_constant, to_model, topo_order)
 from .fusion import ALIASES, ELEMENTWISE, close_diamond
 from .layout import LAYOUT_ATTR, NCHW_IN, NHWC, TO_NCHW, TO_NHWC, channels_last_regions, find_regions
@@ -236,24 +236,31 @@ def _conv_geometry(g: nx.DiGraph, d: dict):
     return strides, kernel, pb, list(y.shape[2:])
 
 
-#: A strided convolution becomes a stride-1 one over its input's phases when that costs at most this many
-#: times its multiply-adds (the phases' zero taps: ``P*P'*A*A' / (K*K')``). Measured (1 thread, Zen 4, AVX2
-#: and AVX-512 alike): a 3x3 stride-2 convolution (16/9 the work) runs 1.7-1.9x faster direct, now that a
-#: strided read is a power-of-two masked load and a shuffle (ResNet-50's 128 channels at 56: 3.9 -> 2.2 ms
-#: on AVX-512, 4.6 -> 2.3 ms on AVX2); a 7x7 stride-2 stem (64/49) stays 1.4x faster over phases on AVX2
-#: (level on AVX-512); a 1x1 stride-2 one (a subsampling Slice, 1x) 1.8-2.3x faster rewritten.
+#: A strided convolution becomes a stride-1 one over its input's phases when its phases' boxes of taps cover
+#: at most this many times its window (``P*P'*A*A' / (K*K')``; the lowering skips the zero taps, so the
+#: multiply-adds are the same, but each phase's reduction is shorter). Measured (1 thread, Zen 4, AVX2 and
+#: AVX-512 alike, zero taps still computed): a 3x3 stride-2 convolution (16/9) runs 1.7-1.9x faster direct,
+#: now that a strided read is a power-of-two masked load and a shuffle (ResNet-50's 128 channels at 56: 3.9
+#: -> 2.2 ms on AVX-512, 4.6 -> 2.3 ms on AVX2); a 7x7 stride-2 stem (64/49) stays 1.4x faster over phases on
+#: AVX2 (level on AVX-512); a 1x1 stride-2 one (a subsampling Slice, 1x) 1.8-2.3x faster rewritten. With the
+#: zero taps skipped (this Zen 5 host, the Conv alone, AVX-512 / AVX2 ms, direct -> phases): 3x3/2 stays
+#: faster direct (128 channels at 56 0.96 -> 1.49 / 1.99 -> 3.11, 3 -> 32 at 224 0.16 -> 0.23 / 0.27 -> 0.36),
+#: so does 5x5/2 (36/25; 32 -> 64 at 112 1.34 -> 1.39 / 3.07 -> 4.49); the 7x7/2 stem gains 1.30 -> 1.04.
 SPACE_TO_DEPTH_MAX_WORK = 1.35
 
 
 def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
     """Rewrite a strided 2-D Conv with constant weights into a stride-1 Conv over its input's phases, when
-    that adds at most SPACE_TO_DEPTH_MAX_WORK of its multiply-adds.
+    their taps cover at most SPACE_TO_DEPTH_MAX_WORK times its window.
 
     ``Y(oh) = sum_k Xpad(s*oh + k) W(k)`` with ``k = s*a + p`` reads phase ``p`` of the padded input at
-    ``oh + a``: so ``Pad -> Reshape (N,C,E,s,E',s') -> Slice (phases < K) -> Transpose (N,C,p,p',E,E')
-    -> Reshape (N,C*P*P',E,E') -> Conv(stride 1, W2)`` where ``W2[o, c*P*P' + p*P' + p', a, a'] =
-    W[o, c, s*a+p, s'*a'+p']`` (zero past the kernel): unit-stride reads over ``P*P'*A*A'`` taps instead of
-    strided ones over ``K*K'``. A 1x1 stride-2 convolution becomes a subsampling Slice and a 1x1 convolution.
+    ``oh + a``: so ``Pad -> Reshape (N,C,E,s,E',s') -> Slice (phases < K) -> Transpose (N,p,p',C,E,E')
+    -> Reshape (N,P*P'*C,E,E') -> Conv(stride 1, W2)`` where ``W2[o, (p*P' + p')*C + c, a, a'] =
+    W[o, c, s*a+p, s'*a'+p']``, zero past the kernel: unit-stride reads. The new Conv carries
+    :data:`~polyc.onnx.graph.ZERO_TAPS_ATTR`, so its lowering leaves those zero taps out of the reduction
+    (phase-major channels make each phase one box of taps, :func:`polyc.onnx.ops.core.tap_boxes`) and it does
+    the ``K*K'`` multiply-adds of the strided convolution, not ``P*P'*A*A'``: a 7x7/2 stem from 3 channels at
+    224 (1 thread, this Zen 5 host, the Conv alone) 1.30 -> 1.00 ms with AVX-512, 2.43 -> 1.88 with AVX2. A 1x1 stride-2 convolution becomes a subsampling Slice and a 1x1 convolution.
     A convolution of a channels-last region (:func:`polyc.onnx.layout.find_regions`: a stem region's head, a
     strided 1x1 one in ResNet's downsampling path) stays as it is: channels-last it reads its strided window
     one broadcast pixel at a time, without the phases' zero taps or the subsampling copy.
@@ -283,15 +290,15 @@ def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
         if any(v < 0 for v in pe):
             continue
         w = consts[w_name]
-        w2 = np.zeros((w.shape[0], c, phases[0], phases[1], taps[0], taps[1]), w.dtype)
+        w2 = np.zeros((w.shape[0], phases[0], phases[1], c, taps[0], taps[1]), w.dtype)
         for ph in range(phases[0]):
             for pw in range(phases[1]):
                 for ah in range(taps[0]):
                     for aw in range(taps[1]):
                         kh, kw = strides[0] * ah + ph, strides[1] * aw + pw
                         if kh < kernel[0] and kw < kernel[1]:
-                            w2[:, :, ph, pw, ah, aw] = w[:, :, kh, kw]
-        w2 = w2.reshape(w.shape[0], c * phases[0] * phases[1], taps[0], taps[1])
+                            w2[:, ph, pw, :, ah, aw] = w[:, :, kh, kw]
+        w2 = w2.reshape(w.shape[0], phases[0] * phases[1] * c, taps[0], taps[1])
 
         def const(base, value):
             name = fresh_name(g, f"{nid}_{base}")
@@ -306,8 +313,8 @@ def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
         padded = tensor("padded", (n, c, strides[0] * extent[0], strides[1] * extent[1]))
         blocks = tensor("blocks", (n, c, extent[0], strides[0], extent[1], strides[1]))
         kept = tensor("phases", (n, c, extent[0], phases[0], extent[1], phases[1]))
-        moved = tensor("moved", (n, c, phases[0], phases[1], extent[0], extent[1]))
-        grouped = tensor("s2d", (n, c * phases[0] * phases[1], extent[0], extent[1]))
+        moved = tensor("moved", (n, phases[0], phases[1], c, extent[0], extent[1]))
+        grouped = tensor("s2d", (n, phases[0] * phases[1] * c, extent[0], extent[1]))
         opset = g.graph["opset"]
         pads = [0, 0, pb[0], pb[1], 0, 0, pe[0], pe[1]]
         if any(pads):
@@ -330,12 +337,12 @@ def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
                        {"starts": [0, 0], "ends": list(ends), "axes": [3, 5]}, order=order)
         else:
             kept = blocks
-        add_op(g, f"{nid}_move", "Transpose", [kept], [moved], {"perm": [0, 1, 3, 5, 2, 4]}, order=order)
+        add_op(g, f"{nid}_move", "Transpose", [kept], [moved], {"perm": [0, 3, 5, 1, 2, 4]}, order=order)
         add_op(g, f"{nid}_s2d", "Reshape", [moved, const("shape4", np.array(tensors[grouped].shape, np.int64))],
                [grouped], order=order)
         inputs = [grouped, const("W", w2)] + list(d["inputs"][2:3])
         remove_op(g, nid)
-        add_op(g, nid, "Conv", inputs, d["outputs"], {"kernel_shape": taps}, order=order)
+        add_op(g, nid, "Conv", inputs, d["outputs"], {"kernel_shape": taps, ZERO_TAPS_ATTR: 1}, order=order)
     connect(g)
     return g
 

@@ -244,3 +244,58 @@ def test_a_strided_1d_convolution_with_a_gelu_runs_channels_last(stride):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = polyc.onnx.compile(model, progress=False).run({"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_tap_boxes_are_the_used_taps_of_each_run_of_channels():
+    w = np.zeros((5, 6, 4, 4), np.float32)
+    w[:, 0:2] = 1                         # channels 0-1: every tap
+    w[2, 2:4, :, 0:3] = 1                 # 2-3: the first three columns, used by one output channel only
+    w[:, 5, 1:3, 2] = np.nan              # 5: a NaN weight is used; channel 4 uses nothing
+    assert core.tap_boxes(w) == [(0, 2, ((0, 4), (0, 4))), (2, 4, ((0, 4), (0, 3))), (5, 6, ((1, 3), (2, 3)))]
+    assert core.tap_boxes(np.ones((2, 3, 3, 3), np.float32)) is None           # every tap used
+    assert core.tap_boxes(np.zeros((2, 3, 3, 3), np.float32)) is None          # nothing used: nothing to skip
+    ring = np.ones((2, 1, 3, 3), np.float32)
+    ring[:, :, 1, 1] = 0
+    assert core.tap_boxes(ring) is None                                        # not a box
+    many = np.zeros((1, 2 * core.MAX_TAP_BOXES + 2, 3), np.float32)
+    many[:, ::2, 0] = 1
+    many[:, 1::2, 1] = 1
+    assert core.tap_boxes(many) is None                                        # too many pieces
+    # a window dim of extent 1 is the literal 0 and needs no condition
+    cond = core.tap_condition([(0, 2, ((0, 4), (0, 1))), (2, 4, ((1, 3), (0, 1)))], "r0", ["r1", "0"], 4, [4, 1])
+    assert cond == "((r0 < 2) || (r0 >= 2 && r1 >= 1 && r1 < 3))"
+
+
+@pytest.mark.parametrize("kernel,strides,pads", [((7, 7), (2, 2), (3, 3, 3, 3)), ((7, 4), (2, 2), (3, 1, 2, 2))])
+def test_a_convolution_over_phases_skips_its_zero_taps(kernel, strides, pads):
+    """A strided convolution rewritten over its input's phases (passes.strided_conv_to_space_to_depth) reduces
+    over the taps of the original window only: the lowered statement's iteration domain has exactly
+    K*K' taps per input channel, not P*P'*A*A', and the results match onnxruntime, also where the input holds
+    an infinity a skipped zero tap would have turned into a NaN."""
+    import onnxruntime as ort
+    import polyc
+    from polyc.poly.build import build_scop
+    rng = np.random.default_rng(11)
+    c, m, h, wd = 3, 8, 23, 20
+    w = rng.normal(0, 0.2, (m, c) + kernel).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=list(kernel), strides=list(strides),
+                            pads=list(pads))
+    model = testing.one_node_model(node, {"x": np.zeros((1, c, h, wd), np.float32)}, {"w": w})
+    g = passes.simplify(G.from_model(load_model(model)))
+    convs = [d for _, d in g.nodes(data=True) if d["op"] == "Conv"]
+    assert len(convs) == 1 and convs[0]["attrs"][G.ZERO_TAPS_ATTR] == 1
+    kernels = [k for k in lower_groups(g, fusion_groups(g)) if k and "+=!" in k.source]
+    assert len(kernels) == 1 and "||" in kernels[0].source
+    out = g.graph["tensors"]["y"].shape
+    scop = build_scop(polyc.define(kernels[0].source).checked, {})
+    sets = []
+    scop.domain.foreach_set(sets.append)
+    (reduction,) = [s for s in sets if s.n_dim() > 4]
+    taps = reduction.count_val().to_python() // (out[1] * out[2] * out[3])
+    assert taps == c * kernel[0] * kernel[1]
+    x = rng.normal(0, 1, (1, c, h, wd)).astype(np.float32)
+    x[0, 1, h - 3, wd - 4] = np.inf  # row 20 = 2*8 + 7 - 3: a zero tap of output row 8 reads it
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = polyc.onnx.compile(model, progress=False).run({"x": x})[0]
+    assert np.isinf(want).any()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ...target import host_target
 from ..builder import Builder, broadcast_index, lazy, lit, rounded, tc_type, times
-from ..graph import LAYOUT_ATTR, NCHW_IN, NHWC
+from ..graph import LAYOUT_ATTR, NCHW_IN, NHWC, ZERO_TAPS_ATTR
 from .common import (aff, attr, fold, guard, lowest, nary, norm_axis, pads_begin, reduce, reduce_op_for,
                      reduction_dims, spatial_params, unary, window, zero)
 
@@ -207,6 +207,62 @@ def streams_weight_rows(weight_bytes: int) -> bool:
     return 2 * vector_lanes("float32") * 4 <= 64 and weight_bytes >= 2 * l2_bytes()
 
 
+#: At most this many boxes in :func:`tap_boxes`: each is a piece of the reduction's domain, and isl's AST
+#: gives every piece loops of its own.
+MAX_TAP_BOXES = 8
+
+
+def tap_boxes(weights: np.ndarray):
+    """The taps of a Conv's constant ``weights`` (M, C/group, k..) that some output channel uses, as boxes
+    ``[(c0, c1, ((lo, hi) per window dim)), ...]``: input channels ``c0 <= c < c1`` use the window taps
+    ``lo <= k < hi`` of every dim. None when every tap is used or the used taps are not such a union of at
+    most :data:`MAX_TAP_BOXES` boxes over runs of channels with the same taps.
+
+    A space-to-depth convolution (:func:`polyc.onnx.passes.strided_conv_to_space_to_depth`, phase-major
+    channels) has one box per phase: a 7x7 stride-2 stem's 12 channels x 4x4 taps are 3 x (4x4 + 4x3 + 3x4 +
+    3x3) = 147 used taps of 192, and the reduction over the boxes' union (:func:`tap_condition`) does the 49
+    multiply-adds per input channel of the strided convolution instead of 64. NaN weights count as used."""
+    used = np.any(weights != 0, axis=0)
+    if used.all():
+        return None
+    boxes, c = [], 0
+    while c < used.shape[0]:
+        end = c + 1
+        while end < used.shape[0] and np.array_equal(used[end], used[c]):
+            end += 1
+        if used[c].any():
+            where = np.nonzero(used[c])
+            ranges = tuple((int(i.min()), int(i.max()) + 1) for i in where)
+            if not used[c][tuple(slice(lo, hi) for lo, hi in ranges)].all():
+                return None
+            boxes.append((c, end, ranges))
+        c = end
+    return boxes if 0 < len(boxes) <= MAX_TAP_BOXES else None
+
+
+def tap_condition(boxes, channel: str, taps, channels: int, kernel) -> str:
+    """The condition, in the reduction's index texts ``channel`` and ``taps`` (``"0"`` for an extent of 1),
+    that holds on the union of ``boxes`` (:func:`tap_boxes`) within ``channels`` x ``kernel``. It guards the
+    product with a zero, which :func:`polyc.poly.build.guard_into_domain` moves into the iteration domain."""
+    terms = []
+    for c0, c1, ranges in boxes:
+        conds = [f"{channel} >= {c0}"] if c0 > 0 else []
+        conds += [f"{channel} < {c1}"] if c1 < channels else []
+        for name, (lo, hi), n in zip(taps, ranges, kernel):
+            conds += [f"{name} >= {lo}"] if lo > 0 else []
+            conds += [f"{name} < {hi}"] if hi < n else []
+        terms.append("(" + " && ".join(conds) + ")")
+    return "(" + " || ".join(terms) + ")"
+
+
+def _skipped_taps(b: Builder, node):
+    """:func:`tap_boxes` of ``node``'s weights when it carries :data:`~polyc.onnx.graph.ZERO_TAPS_ATTR`."""
+    weights = node["inputs"][1]
+    if attr(node, ZERO_TAPS_ATTR, 0) != 1 or weights not in b.consts:
+        return None
+    return tap_boxes(np.asarray(b.consts[weights]))
+
+
 def conv(b: Builder, node):
     """Conv (1-D/2-D/3-D): pads, strides, dilations, group, auto_pad; padding reads guarded by ``?:``.
 
@@ -226,9 +282,10 @@ def conv(b: Builder, node):
     nsp, kernel, strides, dil = spatial_params(b, node, x, tuple(b.tensors[weights].shape))
     pb = pads_begin(node, x.shape[2:], ys[2:], kernel, strides, dil)
     group = attr(node, "group", 1)
+    boxes = _skipped_taps(b, node)
     if channels_last(ys, group, weights in b.consts, kernel, x.dtype, x.shape[1], strides[-1] > 1):
         wt = b.constant_table(np.ascontiguousarray(np.moveaxis(np.asarray(b.consts[weights]), 0, -1)), "wT")
-        return [_conv_channels_last(b, x, wt, b.input(node, 2), ys, kernel, strides, dil, pb)]
+        return [_conv_channels_last(b, x, wt, b.input(node, 2), ys, kernel, strides, dil, pb, boxes)]
     w, bias = b.input(node, 1), b.input(node, 2)
     cg, og = w.shape[1], w.shape[0] // group
 
@@ -249,6 +306,7 @@ def conv(b: Builder, node):
             coords.append(t)
             conds += cs
         prod = f"{x.at([n, ch] + coords)} * {w.at([o, c] + ks)}"
+        conds = ([tap_condition(boxes, c, ks, cg, kernel)] if boxes else []) + conds
         return f"({guard(conds)}) ? {prod} : {zero(x.dtype)}" if conds else prod
     t = b.emit(ys, x.dtype, body, reduce_op_for(real), real)
     if bias is None:
@@ -256,9 +314,9 @@ def conv(b: Builder, node):
     return [lazy(ys, x.dtype, lambda idx: f"({t.at(idx)} + {bias.at([idx[1]])})")]
 
 
-def _conv_channels_last(b: Builder, x, wt, bias, ys, kernel, strides, dil, pb):
+def _conv_channels_last(b: Builder, x, wt, bias, ys, kernel, strides, dil, pb, boxes=None):
     """``T(n, sp.., m) += X(n, c, window..) * WT(c, k.., m)`` and the NCHW view of ``T`` (+ bias)."""
-    t = _channels_last_sum(b, x, wt, (ys[0],) + tuple(ys[2:]) + (ys[1],), kernel, strides, dil, pb)
+    t = _channels_last_sum(b, x, wt, (ys[0],) + tuple(ys[2:]) + (ys[1],), kernel, strides, dil, pb, boxes)
 
     def nchw(idx):
         value = t.at([idx[0]] + list(idx[2:]) + [idx[1]])
@@ -266,8 +324,9 @@ def _conv_channels_last(b: Builder, x, wt, bias, ys, kernel, strides, dil, pb):
     return lazy(ys, x.dtype, nchw)
 
 
-def _channels_last_sum(b: Builder, x, wt, cl_shape, kernel, strides, dil, pb):
-    """``T(n, sp.., m) += X(n, c, window..) * WT(c, k.., m)`` of output shape ``cl_shape`` from an NCHW input."""
+def _channels_last_sum(b: Builder, x, wt, cl_shape, kernel, strides, dil, pb, boxes=None):
+    """``T(n, sp.., m) += X(n, c, window..) * WT(c, k.., m)`` of output shape ``cl_shape`` from an NCHW input,
+    over the used taps ``boxes`` (:func:`tap_boxes`) only when given."""
     nsp = len(kernel)
     real, names = reduction_dims([x.shape[1]] + kernel)
 
@@ -280,6 +339,7 @@ def _channels_last_sum(b: Builder, x, wt, cl_shape, kernel, strides, dil, pb):
             coords.append(t)
             conds += cs
         prod = f"{x.at([n, c] + coords)} * {wt.at([c] + ks + [m])}"
+        conds = ([tap_condition(boxes, c, ks, x.shape[1], kernel)] if boxes else []) + conds
         return f"({guard(conds)}) ? {prod} : {zero(x.dtype)}" if conds else prod
     return b.emit(cl_shape, x.dtype, body, reduce_op_for(real), real)
 
@@ -639,7 +699,7 @@ _SPATIAL = {"auto_pad", "dilations", "kernel_shape", "pads", "strides"}
 #: :mod:`polyc.onnx.layout` sets on a Conv or MaxPool (onnx's checker rejects it in a model); anything else is
 #: reported.
 KNOWN_ATTRS = {
-    "Conv": _SPATIAL | {"group", LAYOUT_ATTR}, "ConvTranspose": _SPATIAL | {"group", "output_padding", "output_shape"},
+    "Conv": _SPATIAL | {"group", LAYOUT_ATTR, ZERO_TAPS_ATTR}, "ConvTranspose": _SPATIAL | {"group", "output_padding", "output_shape"},
     "Gemm": {"alpha", "beta", "transA", "transB"}, "LeakyRelu": {"alpha"}, "Gelu": {"approximate"},
     "Clip": {"min", "max"}, "Cast": {"to", "saturate"},
     "BatchNormalization": {"epsilon", "momentum", "spatial", "training_mode"}, "LRN": {"alpha", "beta", "bias", "size"},
@@ -652,7 +712,7 @@ KNOWN_ATTRS = {
 
 #: Attribute values polyc does not handle: op -> {attr: predicate(value) -> True when supported}.
 SUPPORTED_VALUES = {
-    "Conv": {LAYOUT_ATTR: lambda v: v in (NHWC, NCHW_IN)}, "MaxPool": {LAYOUT_ATTR: lambda v: v == NHWC},
+    "Conv": {LAYOUT_ATTR: lambda v: v in (NHWC, NCHW_IN), ZERO_TAPS_ATTR: lambda v: v == 1}, "MaxPool": {LAYOUT_ATTR: lambda v: v == NHWC},
     "BatchNormalization": {"training_mode": lambda v: v == 0, "spatial": lambda v: v == 1},
     "LayerNormalization": {"stash_type": lambda v: v == 1},
 }
