@@ -219,6 +219,25 @@ def median_time(fn, runs: int, budget_s: float = 4.0, best: bool = False) -> tup
     return (min(samples) if best else statistics.median(samples)), len(samples)
 
 
+def paired_times(fn_a, fn_b, runs: int, budget_s: float = 8.0) -> tuple[float, float]:
+    """(median seconds of ``fn_a``, of ``fn_b``), the two timed alternately (a, b, a, b, ...) after a warm-up
+    call of each, up to ``runs`` pairs within about ``budget_s``: a slow spell of the machine (another guest
+    holding a VM's core for a while) falls on both, not on whichever ran during it. For single-threaded
+    callables only: a thread pool that spins after a call (onnxruntime's) holds a core while the other runs
+    (tried at 2 threads: both engines then ran at 1-thread speed, or in between)."""
+    t = time.perf_counter()
+    fn_a()
+    fn_b()
+    n = max(1, min(runs, int(budget_s / max(time.perf_counter() - t, 1e-9))))
+    a, b = [], []
+    for _ in range(n):
+        for fn, samples in ((fn_a, a), (fn_b, b)):
+            t = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t)
+    return statistics.median(a), statistics.median(b)
+
+
 @dataclass
 class Row:
     kernel: str
@@ -454,7 +473,8 @@ class Bench:
 
     def resnet50(self):
         """Every ResNet-50 convolution as one ONNX Conv node, compiled by ``polyc.onnx`` (what a model gets:
-        the graph passes, the lowering, the kernel) and run by onnxruntime; both time ``run`` calls."""
+        the graph passes, the lowering, the kernel) and run by onnxruntime; both time ``run`` calls (alternately at 1
+        thread, :func:`paired_times`)."""
         import polyc.onnx as ponnx
 
         t = self.args.threads
@@ -472,8 +492,11 @@ class Bench:
             run = lambda model=model, x=x: model.run({"X": x})[0]  # noqa: E731
             peer = lambda session=session, x=x: session.run(["Y"], {"X": x})[0]  # noqa: E731
             got, want = run(), peer()
-            polyc_s, _ = median_time(run, self.args.runs)
-            peer_s, _ = median_time(peer, self.args.runs)
+            if t == 1:
+                polyc_s, peer_s = paired_times(run, peer, self.args.runs)
+            else:
+                polyc_s, _ = median_time(run, self.args.runs)
+                peer_s, _ = median_time(peer, self.args.runs)
             ok, check = close(got, want, "float32")
             row = Row(f"resnet50 conv {k}x{k}" + (f"/{stride}" if stride > 1 else "") + f", {c}->{m}",
                       f"1x{c}x{h}x{h}", t, "onnxruntime Conv", polyc_s, peer_s, 2 * m * c * k * k * o * o,
