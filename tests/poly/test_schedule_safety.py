@@ -523,3 +523,18 @@ def test_a_partial_vector_tile_of_many_pieces_gets_its_own_rows(cpu, monkeypatch
     np.testing.assert_allclose(compiled(x, w), naive(x, w), rtol=1e-5, atol=1e-4)
     two = kernel.specialize(x, w, options=polyc.Options(threads=2))
     np.testing.assert_allclose(two(x, w), expected, rtol=1e-4, atol=1e-3)
+
+
+def test_the_row_tile_grows_to_the_column_tile_but_leaves_every_thread_rows():
+    """cache_tile_sizes: the rows tile (``u``) is at least the columns tile (``v``, the ``kc x nc`` block's
+    ``nc``), within its extent and, with several threads, at most a thread's share of the rows (rounded up to
+    whole register tiles)."""
+    target = Target("x86_64-unknown-linux-gnu", "znver3", "", 256, 2, 32768, 512 << 10, 32 << 20, 16)
+    order, coincident = [0, 1, 2], [True, True, False]
+    tiles = lambda extents, **kw: strategy.cache_tile_sizes(order, 0, 1, coincident, extents,  # noqa: E731
+                                                            polyc.Options(), target, 6, 16, **kw)
+    assert tiles([2048, 2048, 2048]) == [256, 256, 256]      # 16 x MR = 96 rows grow to nc = 256
+    assert tiles([2048, 2048, 2048], n_threads=2) == [256, 256, 256]
+    assert tiles([256, 256, 256], n_threads=2)[0] == 132      # half the rows each: 22 register tiles
+    assert tiles([64, 2048, 512])[0] == 66                    # the extent, in whole register tiles
+    assert tiles([2048, 64, 512])[:2] == [96, 64]             # nc of 64: the 16 x MR rows stay
