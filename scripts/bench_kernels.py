@@ -67,6 +67,26 @@ from dataclasses import dataclass
 
 os.environ.setdefault("POLYC_CACHE_DIR", "off")
 
+
+def _same_isa_openblas() -> None:
+    """Re-run this script with ``OPENBLAS_CORETYPE`` naming the OpenBLAS kernel of polyc's instruction-set
+    level (``SkylakeX`` for AVX-512, ``Haswell`` for AVX2), so numpy's GEMM is the same instruction set as the
+    code it is compared with; ``--blas-coretype env`` keeps the environment's. OpenBLAS reads the variable
+    when it loads, hence the re-run. (The machines of this project set ``OPENBLAS_CORETYPE=Haswell`` in their
+    environment: on the Zen 5 host OpenBLAS's SGEMM runs at 126-132 GFLOP/s on 1 thread with it, 239-246 with
+    SkylakeX, so AVX-512 rows measured that way set polyc's AVX-512 code against AVX2 code.)"""
+    args = " ".join(sys.argv[1:])
+    if os.environ.get("_POLYC_BENCH_BLAS") or "--blas-coretype env" in args or "--blas-coretype=env" in args:
+        return
+    from polyc.target import host_target
+    os.environ["_POLYC_BENCH_BLAS"] = os.environ.get("OPENBLAS_CORETYPE", "unset")
+    os.environ["OPENBLAS_CORETYPE"] = "SkylakeX" if host_target().vector_bits >= 512 else "Haswell"
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+
+
+if __name__ == "__main__":
+    _same_isa_openblas()
+
 import numpy as np  # noqa: E402
 
 import polyc  # noqa: E402
@@ -193,7 +213,14 @@ class BlasThreads:
         if self.how is None:
             return ("NOT controlled (no threadpoolctl, no OpenBLAS entry point found): numpy used "
                     f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
-        return f"set with {self.how}"
+        kernel = ""
+        if self.how == "threadpoolctl":
+            from threadpoolctl import threadpool_info
+            arch = {i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"}
+            kernel = f"; OpenBLAS kernel {', '.join(sorted(a for a in arch if a))}"
+        before = os.environ.get("_POLYC_BENCH_BLAS")
+        coretype = os.environ.get("OPENBLAS_CORETYPE", "unset") + (f", the environment's {before}" if before else "")
+        return f"set with {self.how}{kernel} (OPENBLAS_CORETYPE={coretype})"
 
 
 # ---- timing ------------------------------------------------------------------------------------------------
@@ -764,6 +791,9 @@ def main(argv=None) -> int:
                     help="threads for the multi-threaded rows (default: all %(default)s cores); GEMM also runs at 1")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
     ap.add_argument("--runs", type=int, default=None, help="timed runs per measurement (default 5, --quick 3)")
+    ap.add_argument("--blas-coretype", choices=("match", "env"), default="match",
+                    help="numpy's OpenBLAS kernel: 'match' polyc's instruction set (OPENBLAS_CORETYPE SkylakeX or "
+                         "Haswell, the default) or keep the environment's")
     args = ap.parse_args(argv)
     args.runs = args.runs or (3 if args.quick else 5)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
