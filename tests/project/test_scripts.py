@@ -136,6 +136,10 @@ def test_bench_kernels_quick_gemm():
         assert figure in peak_line, peak_line
     assert "numpy SGEMM 512^3: " in result.stdout and "numpy DGEMM 512^3: " in result.stdout
     assert "Per-call overhead" not in result.stdout  # --only gemm leaves the other sections out
+    # numpy's GEMM runs OpenBLAS's kernel of the instruction set polyc compiles for, whatever the environment says
+    from polyc.target import host_target
+    coretype = "SkylakeX" if host_target().vector_bits >= 512 else "Haswell"
+    assert f"(OPENBLAS_CORETYPE={coretype}" in result.stdout
 
 
 def test_bench_kernels_quick_resnet50_convs_through_polyc_onnx():
