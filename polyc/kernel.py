@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import hashlib
 import os
 import time
 
@@ -121,15 +120,6 @@ class Compiled:
     def stage(self, name: str) -> str:
         """The text of one stage (see :data:`polyc.pipeline.STAGES`)."""
         return self.stages.text(name)
-
-    @property
-    def code_fingerprint(self) -> str:
-        """A hash (hex) of the machine code and of the arguments' shapes, dtypes and packing: two compiled
-        kernels with the same fingerprint run the same instructions on the same data layout, so they take the
-        same time (what :func:`polyc.tune.tune` uses not to time a candidate twice)."""
-        digest = hashlib.sha1(self._jit.object_code)
-        digest.update(repr([(t.role, t.shape, t.dtype, t.packed) for t in self.tensors]).encode())
-        return digest.hexdigest()
 
     @property
     def output_shapes(self) -> tuple[tuple[int, ...], ...]:

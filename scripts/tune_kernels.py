@@ -12,8 +12,7 @@ kernels and over the slowest third (by default ms). The records go to the record
 (``POLYC_TUNING_RECORDS``), so ``polyc.define`` uses them afterwards.
 
 ``--compare SECONDS`` instead runs the searches of ``--strategies`` (default the model-based search and random
-sampling; ``evolution`` is the genetic one; a name ending in ``:all`` times every candidate, also one whose
-code was measured, ``polyc.tune.tune(dedupe=False)``) with the same budget, ``--seeds`` times each, on the kernels of
+sampling; ``evolution`` is the genetic one) with the same budget, ``--seeds`` times each, on the kernels of
 ``--only`` (or SGEMM 512, the 3x3 conv and gemver), and prints each search's confirmed gain (default over
 best, from the alternating confirmation that ends it: a single measurement during the search is too noisy
 to rank strategies by) and their geometric means; ``--plot FILE.png`` draws the
@@ -109,22 +108,17 @@ def compare(rows, seconds: float, threads, plot, seeds: int = 2, strategies=("mo
     print("| --- |" + " --- | ---: |" * len(strategies))
     curves, means = {}, {s: [] for s in strategies}
     for _, label, source, name, sizes in rows:
-        gains, distinct = {s: [] for s in strategies}, {s: [] for s in strategies}
+        gains = {s: [] for s in strategies}
         for seed in range(seeds):
             for strategy in strategies:
-                result = tune.tune(source, sizes, name, budget=seconds, threads=threads,
-                                   strategy=strategy.split(":")[0], seed=seed, write=False,
-                                   dedupe=not strategy.endswith(":all"))
-                distinct[strategy].append(sum(1 for r in result.records
-                                              if r.get("ok") and not r.get("final") and "same_code_as" not in r))
+                result = tune.tune(source, sizes, name, budget=seconds, threads=threads, strategy=strategy,
+                                   seed=seed, write=False)
                 gains[strategy].append(result.gain)
                 curves[(label, strategy, seed)] = [(t, result.history[0][1] / b) for t, b in result.history]
         for strategy in strategies:
             means[strategy].append(_geomean(gains[strategy]))
         print(f"| {label} | " + " | ".join(f"{', '.join(f'{g:.2f}' for g in gains[s])} | {means[s][-1]:.3f}"
                                            for s in strategies) + " |", flush=True)
-        print("  timed candidates: " + ", ".join(f"{s} {distinct[s]}" for s in strategies), file=sys.stderr,
-              flush=True)
     print("\ngeometric mean of the confirmed gains: "
           + ", ".join(f"{s} {_geomean(means[s]):.3f}" for s in strategies))
     if plot:

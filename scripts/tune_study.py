@@ -68,7 +68,7 @@ def measure(label: str, source: str, name: str, sizes: dict, count: int, path: s
     with open(path, "w") as f:
         for start in range(0, len(proposals), 8):
             jobs = [MeasureJob(source, name, base.sizes, threads, spec_of(p)) for p in proposals[start:start + 8]]
-            errors = [e for e, _ in run_jobs(compile_or_error, jobs, target.cores)]  # compiles before timing
+            errors = list(run_jobs(compile_or_error, jobs, target.cores))  # every compile done before any timing
             for job, error in zip(jobs, errors):
                 outcome = time_candidate(job, reference) if not error else dict(median=None)
                 ir = ir_fingerprint(source, name, sizes, job.spec, target) if not error else ""

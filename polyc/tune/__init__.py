@@ -17,8 +17,7 @@ Where candidates are measured:
 
 - locally (the default): a round's candidates compile at once in worker processes
   (:func:`polyc.runtime.workers.run_jobs`; the objects land in the disk cache), then this process loads and
-  times them one after the other, with nothing else compiling: measurements never overlap; a candidate that
-  compiled to the machine code of one measured before is not timed again (``same_code_as`` in its record);
+  times them one after the other, with nothing else compiling: measurements never overlap;
 - on Ray (``ray="auto"`` or a cluster address; ``pip install polyc[tune]``): each candidate is one Ray task
   that compiles, checks and times it on a worker node, asking for all of that node's CPUs, so a node runs one
   measurement at a time and a cluster of n nodes measures n candidates at once (compiles run inside the
@@ -72,13 +71,12 @@ class TuneResult:
 
 def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0, trials: int | None = None,
          strategy: str = "evolution", ray: str | None = None, threads: int | None = None, seed: int = 0,
-         processes: int | None = None, write: bool = True, dedupe: bool = True) -> TuneResult:
+         processes: int | None = None, write: bool = True) -> TuneResult:
     """Tune the def ``name`` of ``source`` at ``sizes`` for ``budget`` seconds (wall clock) or ``trials``
     candidates, whichever ends first; ``strategy`` ``"evolution"``, ``"model"`` or ``"random"``; ``ray``: a Ray
     address to measure on (None: locally); ``threads``: the thread count the kernel runs with (default as
     :func:`polyc.define`); ``processes``: compile workers for local measurement (default the usable cores);
-    ``write``: append the records to the records file; ``dedupe``: measuring locally, a candidate whose code
-    was measured takes that measurement (False: every candidate is timed, for comparisons). Raises PolycError for an unknown strategy, a def that
+    ``write``: append the records to the records file. Raises PolycError for an unknown strategy, a def that
     does not compile with the default options, or Ray missing when asked for."""
     if strategy not in STRATEGIES:
         raise PolycError(f"unknown search strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
@@ -91,7 +89,7 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
     base = MeasureJob(source, kernel.name, tuple(sorted(sizes.items())), threads, "", seed)
     reference = outputs(base)  # raises for a def the default options cannot compile
     search = STRATEGIES[strategy](space(kernel, target), seed)
-    measure = _ray_measurer(ray) if ray else _local_measurer(processes or target.cores, dedupe)
+    measure = _ray_measurer(ray) if ray else _local_measurer(processes or target.cores)
     started = time.monotonic()
     result = TuneResult(kernel.name, sizes, float("inf"), float("inf"), "")
     measured: list = []
@@ -126,7 +124,7 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
         pair = [MeasureJob(source, kernel.name, base.sizes, threads, spec, seed) for spec in ("", result.best_spec)]
         times = {"": [], result.best_spec: []}
         for _ in range(CONFIRM):
-            for job, outcome in zip(pair, measure(pair, reference, again=True)):
+            for job, outcome in zip(pair, measure(pair, reference)):
                 if outcome["ok"]:
                     times[job.spec].append(outcome["median"])
         medians = {spec: sorted(t)[len(t) // 2] if t else float("inf") for spec, t in times.items()}
@@ -149,26 +147,16 @@ def _spec(fields: dict) -> str:
     return Options(**fields).to_spec()
 
 
-def _local_measurer(processes: int, dedupe: bool = True):
-    """Compile a round in worker processes at once, then time each candidate here, one after the other. A
-    candidate whose machine code and data layout a candidate of this search already had
-    (:attr:`~polyc.kernel.Compiled.code_fingerprint`: unroll, fusion or a register tile often change nothing)
-    is not timed again: it takes that candidate's outcome, with ``same_code_as`` naming it, and the budget
-    goes to candidates that differ. The confirmation (``again=True``) times every job."""
-    seen: dict = {}  # fingerprint -> (spec, outcome) of the first candidate with that code
-
-    def measure(jobs: list, reference: list, again: bool = False) -> list:
-        outcomes = []
-        for job, (error, fingerprint) in zip(jobs, run_jobs(compile_or_error, jobs, processes)):
+def _local_measurer(processes: int):
+    """Compile a round in worker processes at once, then time each candidate here, one after the other."""
+    def measure(jobs: list, reference: list) -> list:
+        failed = {}
+        compiled = run_jobs(compile_or_error, jobs, processes)
+        for job, error in zip(jobs, compiled):
             if error:
-                outcomes.append(dict(seconds=[], median=None, ok=False, error=error))
-            elif fingerprint in seen and dedupe and not again:
-                spec, first = seen[fingerprint]
-                outcomes.append(dict(first, seconds=[], same_code_as=spec))
-            else:
-                outcomes.append(time_candidate(job, reference))
-                seen.setdefault(fingerprint, (job.spec, outcomes[-1]))
-        return outcomes
+                failed[job.spec] = error
+        return [dict(seconds=[], median=None, ok=False, error=failed[job.spec]) if job.spec in failed
+                else time_candidate(job, reference) for job in jobs]
     return measure
 
 
@@ -183,7 +171,7 @@ def _ray_measurer(address: str):
     cpus = min((node["Resources"].get("CPU", 1) for node in ray.nodes() if node.get("Alive")), default=1)
     remote = ray.remote(num_cpus=cpus)(time_candidate)
 
-    def measure(jobs: list, reference: list, again: bool = False) -> list:
+    def measure(jobs: list, reference: list) -> list:
         ref = ray.put(reference)
         return ray.get([remote.remote(job, ref) for job in jobs])
     return measure

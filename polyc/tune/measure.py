@@ -3,7 +3,7 @@
 A :class:`MeasureJob` is plain data (it crosses to a compile worker or a Ray task): the def, its sizes, the
 thread count, the candidate's options spec (without threads) and the input seed. :func:`compile_candidate`
 only compiles (the object lands in the disk cache, where :func:`time_candidate` in another process finds
-it) and says what code it made (:attr:`polyc.kernel.Compiled.code_fingerprint`); :func:`time_candidate` compiles or loads, runs on seeded inputs, checks the result against the
+it); :func:`time_candidate` compiles or loads, runs on seeded inputs, checks the result against the
 reference (the default options' output: allclose with rtol 1e-3 and atol 1e-4 of the reference's largest
 magnitude for floats, equality for integers and bools) and times it: :data:`WARMUP` calls, then calls until
 :data:`TIME_BUDGET` seconds or :data:`MAX_CALLS` (at least :data:`MIN_CALLS`); calls slower than the median
@@ -61,21 +61,22 @@ def inputs_for(kernel: Kernel, sizes: dict, seed: int) -> list[np.ndarray]:
     return arrays
 
 
-def compile_candidate(job: MeasureJob) -> tuple[float, str]:
-    """Compile ``job``'s candidate (stored in the disk cache); returns the seconds it took and its
-    :attr:`~polyc.kernel.Compiled.code_fingerprint`. Raises what compiling raises."""
+def compile_candidate(job: MeasureJob) -> float:
+    """Compile ``job``'s candidate (stored in the disk cache); returns the seconds it took. Raises what
+    compiling raises."""
     started = time.perf_counter()
-    compiled = job.kernel().specialize_sizes(dict(job.sizes))
-    return time.perf_counter() - started, compiled.code_fingerprint
+    job.kernel().specialize_sizes(dict(job.sizes))
+    return time.perf_counter() - started
 
 
-def compile_or_error(job: MeasureJob) -> tuple[str, str]:
-    """Compile ``job`` (a compile worker's task, :func:`polyc.runtime.workers.run_jobs`): ``("",
-    fingerprint)``, or ``(error, "")`` with the error that stopped it (``"ShapeError: ..."``)."""
+def compile_or_error(job: MeasureJob) -> str:
+    """Compile ``job`` (a compile worker's task, :func:`polyc.runtime.workers.run_jobs`): ``""``, or the error
+    that stopped it (``"ShapeError: ..."``)."""
     try:
-        return "", compile_candidate(job)[1]
+        compile_candidate(job)
     except PolycError as exc:
-        return f"{type(exc).__name__}: {exc.message}", ""
+        return f"{type(exc).__name__}: {exc.message}"
+    return ""
 
 
 def outputs(job: MeasureJob) -> list[np.ndarray]:

@@ -81,24 +81,6 @@ def test_a_candidate_that_changes_the_result_is_not_ok():
     assert not outcome["ok"] and "differs" in outcome["error"] and outcome["median"] is None
 
 
-def test_a_candidate_with_the_code_of_a_measured_one_is_not_timed_again():
-    """At 48x37x64 every loop is one tile, so fusion=max (one statement), rar=1 and tile=0 compile to the
-    default's machine code: the local measurer times the default once and gives the others its outcome,
-    naming it; unroll=4 is other code and is timed; the confirmation (again=True) times every job."""
-    from polyc.tune import _local_measurer
-    sizes = tuple(sorted(SIZES.items()))
-    jobs = [MeasureJob(MATMUL, "mm", sizes, 1, spec) for spec in ("", "fusion=max", "unroll=4")]
-    reference = outputs(jobs[0])
-    measure = _local_measurer(1)
-    first, same, other = measure(jobs, reference)
-    assert first["ok"] and len(first["seconds"]) >= 5 and "same_code_as" not in first
-    assert same["same_code_as"] == "" and same["seconds"] == [] and same["median"] == first["median"]
-    assert other["ok"] and other["seconds"] and "same_code_as" not in other
-    later, = measure([MeasureJob(MATMUL, "mm", sizes, 1, "rar=1")], reference)  # in a later round too
-    assert later["same_code_as"] == "" and later["median"] == first["median"]
-    assert all(o["seconds"] and "same_code_as" not in o for o in measure(jobs[:2], reference, again=True))
-
-
 def test_tuning_writes_records_that_replay_and_are_applied(record_file):
     """Every candidate is a record; the confirmed best (when it beats the default) is what define() then
     compiles with, in a new process too; its options replay by hand; records are keyed by target and threads."""
