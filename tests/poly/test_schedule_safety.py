@@ -538,3 +538,19 @@ def test_the_row_tile_grows_to_the_column_tile_but_leaves_every_thread_rows():
     assert tiles([256, 256, 256], n_threads=2)[0] == 132      # half the rows each: 22 register tiles
     assert tiles([64, 2048, 512])[0] == 66                    # the extent, in whole register tiles
     assert tiles([2048, 64, 512])[:2] == [96, 64]             # nc of 64: the 16 x MR rows stay
+
+
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+def test_gemms_whose_rows_tile_grew_match_numpy(cpu, monkeypatch):
+    """Rows tiles grown to the columns tile (cache_tile_sizes), with partial row blocks and register tiles,
+    on 1 and 2 threads, B packed or not: the result is numpy's (float64 reference)."""
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    src = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+    rng = np.random.default_rng(7)
+    for m, n, k in [(517, 300, 129), (259, 530, 70)]:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        for threads, promote in [(1, None), (2, None), (2, True)]:
+            got = polyc.define(src, options=Options(threads=threads, promote=promote))(a, b)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
