@@ -25,6 +25,7 @@ from polyc.poly.build import build_scop
 from polyc.poly.deps import compute_dependences
 from polyc.poly.schedule import compute_schedule, identity_schedule, tree_text
 from polyc.poly import strategy
+from polyc.poly.promote import packed_array
 from polyc.poly.strategy import apply_strategy
 from polyc.poly.transforms import band_sink, bands, order_sets
 from polyc.poly.verify import check_schedule
@@ -554,3 +555,60 @@ def test_gemms_whose_rows_tile_grew_match_numpy(cpu, monkeypatch):
         for threads, promote in [(1, None), (2, None), (2, True)]:
             got = polyc.define(src, options=Options(threads=threads, promote=promote))(a, b)
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_shared_weight_panel_is_streamed_in_slivers_over_all_rows():
+    """cache_tile_sizes with ``shared_panel``: when every row times the reduction tile fits in half of L2, the
+    rows are one block (whole register tiles) and ``v`` one NR sliver; too many rows, or no shared panel,
+    keep the rows-outside-columns tiles. streams_panel: a 1x1 convolution's weights larger than L2 are such
+    a panel; the same weights within L2, or a batched GEMM's per-batch operand, are not."""
+    target = Target("x86_64-unknown-linux-gnu", "znver5", "", 512, 2, 49152, 1 << 20, 32 << 20, 32)
+    order, coincident = [0, 1, 2, 3], [True, True, True, False]  # [h, w, m, c]: P = [h], u = w, v = m
+
+    def tiles(extents, shared=True):
+        return strategy.cache_tile_sizes(order, 1, 2, coincident, extents, polyc.Options(), target, 7, 32,
+                                         step_bytes=256, shared_panel=shared)
+
+    assert tiles([7, 7, 2048, 512]) == [7, 7, 32, 128]        # kc 128 from the L1 rule; 49 x 128 x 4 fits
+    assert tiles([7, 5, 2000, 512]) == [7, 7, 32, 128]        # rows in whole register tiles
+    assert tiles([7, 7, 2048, 512], shared=False)[2] == 256   # no shared panel: the nc block
+    assert tiles([56, 56, 256, 512])[2] == 256                # 3136 rows x kc: beyond half of L2
+    src = "def pw(float(H,W,C) X, float(C,M) Wt) -> (Y) { Y(h,w,m) +=! X(h,w,c) * Wt(c,m) }"
+    scop = scop_of(src, H=7, W=7, C=512, M=2048)              # 4 MiB of weights
+    stmt = next(s for s in scop.statements if s.op == "+=")
+    assert strategy.streams_panel(stmt, scop, ["h"], "w", "m", 1 << 20)
+    assert not strategy.streams_panel(stmt, scop, ["h"], "w", "m", 8 << 20)  # within that L2
+    bmm = "def bmm(float(B,M,K) A, float(B,K,N) X) -> (Y) { Y(b,m,n) +=! A(b,m,k) * X(b,k,n) }"
+    scop = scop_of(bmm, B=12, M=50, K=512, N=2048)
+    stmt = next(s for s in scop.statements if s.op == "+=")
+    assert not strategy.streams_panel(stmt, scop, ["b"], "m", "n", 1 << 20)
+
+
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+def test_convolutions_streaming_weight_slivers_match_numpy(cpu, monkeypatch):
+    """1x1 convolutions channels-last and a GEMM whose weights exceed L2 and whose rows fit in one block (the
+    slivers order of cache_tile_sizes), with partial slivers (columns not a multiple of NR), partial
+    register tiles and a reduction in several tiles, weights as a constant packed once or as an argument,
+    on 1 and 2 threads: numpy's result (float64 reference); the outermost loop runs over the slivers."""
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    rng = np.random.default_rng(21)
+    nr = 2 * polyc.define("def f(float(N) X) -> (Y) { Y(i) = X(i) }").target.lanes("float32")
+    cases = [("def pw(float(H,W,C) X, float(C,M) Wt) -> (Y) { Y(h,w,m) +=! X(h,w,c) * Wt(c,m) }",
+              (5, 7, 700), (700, 1001)),
+             ("def mm(float(M,K) X, float(K,N) Wt) -> (Y) { Y(m,n) +=! X(m,k) * Wt(k,n) }", (50, 600), (600, 530))]
+    for src, x_shape, w_shape in cases:
+        x = rng.standard_normal(x_shape).astype(np.float32)
+        w = rng.standard_normal(w_shape).astype(np.float32)
+        want = x.astype(np.float64) @ w.astype(np.float64)
+        for threads in (1, 2):
+            kernel = polyc.define(src, options=Options(threads=threads))
+            compiled = kernel.specialize(x, w)
+            loops = [line for line in compiled.stage("ast").splitlines() if line.strip().startswith("for ")]
+            assert f"<= {w_shape[1] - 1}; " in loops[0] and f"+= {nr})" in loops[0]  # slivers outermost
+            np.testing.assert_allclose(kernel(x, w), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+            packed = kernel.specialize_sizes(dict(compiled.sizes), constants=frozenset({"Wt"}))
+            assert packed.inputs[1].packed == nr
+            out = np.zeros(want.shape, np.float32)
+            w_packed = packed_array(w, nr)
+            packed.run_pointers([x.ctypes.data, w_packed.ctypes.data, out.ctypes.data])
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
