@@ -343,7 +343,8 @@ def _front(model_or_path, options, input_shapes, progress, stage: list) -> dict:
     stage[0] = "planning memory and compiling the kernels"
     scratch = {s.group: {scratch_name(s.group, k): TensorInfo(tuple(spec.shape), np.dtype(spec.dtype))
                          for k, spec in enumerate(s.temps)} for s in steps}
-    plan = plan_memory(graph, groups, scratch)
+    inplace = {out: x for k in kernels if k is not None for out, x in k.inplace.items()}
+    plan = plan_memory(graph, groups, scratch, inplace)
     error = too_large(f"the arena of the model's intermediates ({len(plan.offsets)} tensors)", plan.arena_bytes)
     if error is not None:
         raise error

@@ -25,6 +25,7 @@ through :data:`~polyc.onnx.ops.CONVERTERS` (``(since_version, function)`` pairs,
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -34,9 +35,13 @@ import numpy as np
 import onnx
 
 from ..errors import CompileError, PolycError, UnsupportedError
+from ..lang import ast as A
+from ..lang import format_def, parse
+from ..lang.printer import format_clause
 from .builder import STORAGE, Builder, Val, rounded, tc_type
 from .fusion import Group
 from .load import MIN_OPSET
+from .memory import dying_inputs
 from .ops import CONVERTERS, check_node, converter
 from .sequences import supported_ops as sequence_ops
 from .strings import supported_ops as string_ops
@@ -46,7 +51,9 @@ from .strings import supported_ops as string_ops
 class LoweredKernel:
     """One group as TC text. ``inputs``/``outputs`` are ONNX tensor names in parameter/return order;
     ``constants`` holds extra inputs made by lowering (e.g. Resize index tables), keyed by their names in
-    ``inputs``; ``tc_shapes`` the shapes the def declares (a 0-d ONNX output is declared with shape (1,))."""
+    ``inputs``; ``tc_shapes`` the shapes the def declares (a 0-d ONNX output is declared with shape (1,));
+    ``inplace`` maps an output to the input whose memory it must use (:func:`fold_residual`: the def
+    accumulates onto that input's values, which are no longer a parameter)."""
 
     group: str
     name: str
@@ -55,6 +62,7 @@ class LoweredKernel:
     outputs: tuple
     constants: dict = field(default_factory=dict, compare=False)
     tc_shapes: dict = field(default_factory=dict, compare=False)
+    inplace: dict = field(default_factory=dict, compare=False)
 
     def __str__(self) -> str:
         return self.source
@@ -112,9 +120,10 @@ def _is_empty(g: nx.DiGraph, name: str) -> bool:
     return info is not None and info.shape is not None and 0 in info.shape
 
 
-def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
+def lower_group(g: nx.DiGraph, group: Group, dying: frozenset = frozenset()) -> LoweredKernel | None:
     """The TC def of a kernel group (None for an alias group, and for a group whose outputs are all empty:
-    their storage, of 0 bytes, is all there is to them). An empty output is not returned by the def."""
+    their storage, of 0 bytes, is all there is to them). An empty output is not returned by the def.
+    ``dying``: the group's inputs whose memory an output may take over (:func:`fold_residual`)."""
     if group.kind == "alias" or all(_is_empty(g, t) for t in group.outputs):
         return None
     b = Builder(g, group)
@@ -160,13 +169,136 @@ def lower_group(g: nx.DiGraph, group: Group) -> LoweredKernel | None:
     body = "\n".join(f"    {s.text}" for s in b.stmts)
     name = _def_name(group)
     source = f"def {name}({', '.join(params)}) -> ({', '.join(outs)}) {{\n{body}\n}}\n"
-    return LoweredKernel(group.name, name, source, tuple(p[1] for p in b.params), returned,
-                         dict(b.extra_constants), tc_shapes)
+    onnx_of = {tc: onnx_name for tc, onnx_name, _, _ in b.params}
+    source, folded = fold_residual(source, frozenset(tc for tc, name in onnx_of.items() if name in dying))
+    inputs = tuple(p[1] for p in b.params if p[0] not in folded.values())
+    inplace = {returned[out_names.index(y)]: onnx_of[x] for y, x in folded.items()}
+    return LoweredKernel(group.name, name, source, inputs, returned, dict(b.extra_constants), tc_shapes, inplace)
 
 
 def lower_groups(g: nx.DiGraph, groups: list) -> list:
-    """:func:`lower_group` over every group, in order (None entries for alias groups)."""
-    return [lower_group(g, gr) for gr in groups]
+    """:func:`lower_group` over every group, in order (None entries for alias groups), each with the inputs
+    whose memory its outputs may take over (:func:`polyc.onnx.memory.dying_inputs`)."""
+    dying = dying_inputs(g, groups)
+    return [lower_group(g, gr, dying.get(gr.name, frozenset())) for gr in groups]
+
+
+def fold_residual(source: str, dying: frozenset) -> tuple[str, dict]:
+    """Fold a residual Add into the reduction that produces an output (onnxruntime's Conv + Sum fusion,
+    MLAS's ``beta = 1``): ``(source, {output: input})``.
+
+    An output ``Y`` written exactly twice, by a reduction ``Y(i...) +=! R`` and then an epilogue ``Y(i...) =
+    f(... (Y(i...) + ... + X(i...)) ...)`` over the same ranges, whose additive chain holds ``X(i...)``: an
+    input in ``dying`` (its memory is free once this kernel has read it) of ``Y``'s shape and dtype, read
+    nowhere else in the def. The def then accumulates onto ``X``'s values (``Y(i...) += R``, ``X`` dropped
+    from the chain and from the parameters) and the caller must give ``Y`` the memory ``X`` is in
+    (:func:`polyc.onnx.memory.plan_memory`'s ``inplace``): ``f(R + ... + X)`` with ``X`` added first
+    instead of last (a different rounding of the same sum). The output then needs no memory of its own,
+    which it would first fetch from memory to write (a 56x56x256 residual convolution of ResNet-50: 0.59 ->
+    0.42 ms once its output's lines were in cache), and the kernel reads one tensor fewer.
+    ``source`` is returned unchanged (and ``{}``) when no output qualifies."""
+    if not dying:
+        return source, {}
+    d = parse(source).defs[0]
+    statements = list(d.statements)
+    params = {p.name: p for p in d.params}
+    counts: dict = {}
+    for st in statements:
+        for a in _accesses(st.rhs):
+            counts[a.tensor] = counts.get(a.tensor, 0) + 1
+    folded = {}
+    for out in d.outputs:
+        writers = [k for k, st in enumerate(statements) if st.tensor == out.name]
+        if len(writers) != 2:
+            continue
+        reduction, epilogue = (statements[k] for k in writers)
+        own = tuple(i.name for i in epilogue.indices)
+        if reduction.op != "+=!" or epilogue.op != "=" or tuple(i.name for i in reduction.indices) != own \
+                or _ranges(reduction, own) != _ranges(epilogue, own) \
+                or any(a.tensor == out.name for k in range(writers[0] + 1, writers[1])
+                       for a in _accesses(statements[k].rhs)) \
+                or sum(a.tensor == out.name for a in _accesses(epilogue.rhs)) != 1:
+            continue
+
+        def residual(term):
+            return isinstance(term, A.Access) and term.tensor in dying and term.tensor not in folded.values() \
+                and counts.get(term.tensor) == 1 and _plain(term.args, own) \
+                and params[term.tensor].dtype == out.dtype and params[term.tensor].dims == out.dims
+        rhs, x = _drop_from_chain(epilogue.rhs, out.name, own, residual)
+        if x is None:
+            continue
+        statements[writers[0]] = dataclasses.replace(reduction, op="+=")
+        if isinstance(rhs, A.Access) and rhs.tensor == out.name:  # the epilogue was the Add alone
+            statements.pop(writers[1])
+        else:
+            statements[writers[1]] = dataclasses.replace(epilogue, rhs=rhs)
+        folded[out.name] = x
+    if not folded:
+        return source, {}
+    d = dataclasses.replace(d, params=tuple(p for p in d.params if p.name not in folded.values()),
+                            statements=tuple(statements))
+    return format_def(d) + "\n", folded
+
+
+def _accesses(e):
+    """Every tensor read in expression ``e`` (lang AST), indices included."""
+    if isinstance(e, A.Access):
+        yield e
+        for a in e.args:
+            yield from _accesses(a)
+    elif isinstance(e, A.Binary):
+        yield from _accesses(e.lhs)
+        yield from _accesses(e.rhs)
+    elif isinstance(e, (A.Unary, A.Cast)):
+        yield from _accesses(e.operand)
+    elif isinstance(e, A.Select):
+        for part in (e.cond, e.then, e.other):
+            yield from _accesses(part)
+    elif isinstance(e, A.Call):
+        for a in e.args:
+            yield from _accesses(a)
+
+
+def _plain(args, own) -> bool:
+    return len(args) == len(own) and all(isinstance(a, A.Ident) and a.name == i for a, i in zip(args, own))
+
+
+def _ranges(st, own) -> list:
+    return [format_clause(c) for c in st.where if isinstance(c, A.RangeClause) and c.index in own]
+
+
+def _terms(e) -> list:
+    if isinstance(e, A.Binary) and e.op == "+":
+        return _terms(e.lhs) + _terms(e.rhs)
+    return [e]
+
+
+def _drop_from_chain(e, out: str, own, residual):
+    """``(e', X)``: ``e`` with the term ``X(own)`` that ``residual`` accepts removed from the ``+`` chain that
+    holds ``out(own)``; ``(e, None)`` when there is none."""
+    if isinstance(e, A.Binary) and e.op == "+":
+        terms = _terms(e)
+        if any(isinstance(t, A.Access) and t.tensor == out and _plain(t.args, own) for t in terms):
+            drop = next((t for t in terms if residual(t)), None)
+            if drop is None:
+                return e, None
+            rest = [t for t in terms if t is not drop]
+            chain = rest[0]
+            for t in rest[1:]:
+                chain = A.Binary("+", chain, t)
+            return chain, drop.tensor
+    for name in ("lhs", "rhs", "operand", "cond", "then", "other"):
+        part = getattr(e, name, None)
+        if part is not None and not isinstance(part, str):
+            new, x = _drop_from_chain(part, out, own, residual)
+            if x is not None:
+                return dataclasses.replace(e, **{name: new}), x
+    if isinstance(e, (A.Call, A.Access)):
+        for k, a in enumerate(e.args):
+            new, x = _drop_from_chain(a, out, own, residual)
+            if x is not None:
+                return dataclasses.replace(e, args=e.args[:k] + (new,) + e.args[k + 1:]), x
+    return e, None
 
 
 # ---- the supported-op check ------------------------------------------------------------------------------------

@@ -44,14 +44,11 @@ class MemoryPlan:
                 f"{self.total_bytes / 2**20:.2f} MiB in total ({saved:.0%} saved by sharing)")
 
 
-def plan_memory(g: nx.DiGraph, groups: list, scratch: dict | None = None) -> MemoryPlan:
-    """Assign every kernel-written tensor an arena offset by liveness over the group order.
-
-    ``scratch`` (group name -> {tensor name: TensorInfo}) adds the kernels' own temporaries (tensors a def
-    writes but does not return), each alive only while its group runs.
-    """
+def _liveness(g: nx.DiGraph, groups: list, scratch: dict, inplace: dict) -> tuple:
+    """``(tensors, alias, first, last)`` over the group order (see :func:`plan_memory`): ``alias`` maps a view
+    or an in-place output to the tensor whose memory it uses, ``first``/``last`` the first and last group
+    index of each root (``len(groups)`` for the graph's outputs)."""
     tensors = dict(g.graph["tensors"])
-    scratch = scratch or {}
     alias, first, last = {}, {}, {}
 
     def root(t):
@@ -68,6 +65,9 @@ def plan_memory(g: nx.DiGraph, groups: list, scratch: dict | None = None) -> Mem
             alias[node["outputs"][0]] = node["inputs"][0]
             continue
         for t in gr.outputs:
+            if t in inplace:
+                alias[t] = inplace[t]
+                continue
             first[t] = k
             last[t] = max(last.get(t, k), k)
         for t, info in scratch.get(gr.name, {}).items():
@@ -78,6 +78,34 @@ def plan_memory(g: nx.DiGraph, groups: list, scratch: dict | None = None) -> Mem
         r = root(t)
         if r in first:
             last[r] = end
+    return tensors, alias, first, last
+
+
+def dying_inputs(g: nx.DiGraph, groups: list) -> dict:
+    """Group name -> the inputs of that group whose memory no later group and no graph output needs: each is
+    (a view of) a tensor some kernel wrote, read for the last time by this group. Such an input's memory may
+    become the memory of an output of the same shape and dtype (an in-place update, :func:`plan_memory`'s
+    ``inplace``)."""
+    _, alias, first, last = _liveness(g, groups, {}, {})
+
+    def root(t):
+        while t in alias:
+            t = alias[t]
+        return t
+    return {gr.name: frozenset(t for t in gr.inputs if root(t) in first and last[root(t)] == k)
+            for k, gr in enumerate(groups) if gr.kind != "alias"}
+
+
+def plan_memory(g: nx.DiGraph, groups: list, scratch: dict | None = None, inplace: dict | None = None) -> MemoryPlan:
+    """Assign every kernel-written tensor an arena offset by liveness over the group order.
+
+    ``scratch`` (group name -> {tensor name: TensorInfo}) adds the kernels' own temporaries (tensors a def
+    writes but does not return), each alive only while its group runs. ``inplace`` (output tensor -> input
+    tensor of the same group, one :func:`dying_inputs` gave) makes the output use the input's memory: the
+    kernel updates it in place (a residual Add folded into a convolution's accumulator, see
+    :func:`polyc.onnx.lower.fold_residual`).
+    """
+    tensors, alias, first, last = _liveness(g, groups, scratch or {}, inplace or {})
     sizes = {t: max(tensors[t].nbytes, 1) for t in first}
     order = sorted(first, key=lambda t: (-sizes[t], first[t], t))
     placed: list = []  # (offset, size, first, last)

@@ -299,3 +299,77 @@ def test_a_convolution_over_phases_skips_its_zero_taps(kernel, strides, pads):
     got = polyc.onnx.compile(model, progress=False).run({"x": x})[0]
     assert np.isinf(want).any()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_fold_residual_accumulates_onto_a_dying_input():
+    """fold_residual: the residual term of a reduction's epilogue chain becomes the accumulator's start when
+    the input dies in the kernel, is read once and has the output's shape and dtype; anything else keeps the
+    def as it was."""
+    from polyc.onnx.lower import fold_residual
+    src = ("def k(float(4,8) X0, float(8,6) X1, float(6) X2, float(4,6) X3) -> (float(4,6) Y0) {\n"
+           "    Y0(i0, i1) +=! X0(i0, r0) * X1(r0, i1) where i0 in 0:4, i1 in 0:6, r0 in 0:8\n"
+           "    Y0(i0, i1) = max(((Y0(i0, i1) + X2(i1)) + X3(i0, i1)), 0.0) where i0 in 0:4, i1 in 0:6\n}\n")
+    folded, pairs = fold_residual(src, frozenset({"X3"}))
+    assert pairs == {"Y0": "X3"}
+    assert "X3" not in folded and "Y0(i0, i1) += X0(i0, r0) * X1(r0, i1)" in folded
+    assert "Y0(i0, i1) = max(Y0(i0, i1) + X2(i1), 0.0)" in folded
+    x0, x1, x2, x3 = (np.random.default_rng(3).standard_normal(s).astype(np.float32)
+                      for s in [(4, 8), (8, 6), (6,), (4, 6)])
+    import polyc
+    want = polyc.define(src)(x0, x1, x2, x3)
+    got = polyc.define(folded)(x0, x1, x2, out=x3.copy())  # accumulates onto the residual's values
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert fold_residual(src, frozenset()) == (src, {})               # the residual is still needed later
+    assert fold_residual(src, frozenset({"X2"})) == (src, {})         # a bias, not of the output's shape
+    twice = src.replace("+ X3(i0, i1)", "+ X3(i0, i1) * X3(i0, i1)")
+    assert fold_residual(twice, frozenset({"X3"})) == (twice, {})     # not a term of the chain, read twice
+    minus = src.replace("+ X3(i0, i1)", "- X3(i0, i1)")
+    assert fold_residual(minus, frozenset({"X3"})) == (minus, {})     # a difference is not a residual Add
+    bare = src.replace("max(((Y0(i0, i1) + X2(i1)) + X3(i0, i1)), 0.0)", "X3(i0, i1) + Y0(i0, i1)") \
+        .replace(", float(6) X2", "")
+    folded, pairs = fold_residual(bare, frozenset({"X3"}))
+    assert pairs == {"Y0": "X3"} and folded.count("Y0(i0, i1)") == 1  # the epilogue was the Add alone
+
+
+def _residual_model(residual_is_output=False):
+    """x -> Conv 1x1 (a) -> Relu -> Conv 1x1 (b) + a -> Relu -> y: the residual ``a`` dies in the second
+    kernel (unless it is also a graph output)."""
+    rng = np.random.default_rng(5)
+    c = 16
+    w1, w2 = (rng.normal(0, 0.3, (c, c, 1, 1)).astype(np.float32) for _ in range(2))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["b"]), helper.make_node("Add", ["b", "a"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 9, 11])]
+    if residual_is_output:
+        outputs.append(helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, c, 9, 11]))
+    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 9, 11])],
+                              outputs, [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("residual_is_output", [False, True])
+def test_a_residual_add_updates_the_residual_in_place(residual_is_output):
+    """A Conv + Add(residual) + Relu kernel whose residual dies there writes its output over the residual's
+    memory (the memory plan aliases them) and computes onnxruntime's result, with the native program and the
+    Python-driven executor, run after run; a residual that is also a graph output keeps its own memory."""
+    import onnxruntime as ort
+    model = _residual_model(residual_is_output)
+    x = np.random.default_rng(6).normal(0, 1, (1, 16, 9, 11)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    compiled = polyc.onnx.compile(model, progress=False)
+    folded = {out: x_ for k in compiled.kernels if k is not None for out, x_ in k.inplace.items()}
+    if residual_is_output:
+        assert not folded
+    else:
+        assert len(folded) == 1
+        (out, residual), = folded.items()
+        assert compiled.plan.root(out) == compiled.plan.root(residual)
+    for _ in range(2):
+        for got, w in zip(compiled.run({"x": x}), want):
+            np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
+    from polyc.onnx.executor import PythonExecutor
+    python_driven = PythonExecutor(compiled.executor.program)
+    for _ in range(2):
+        for got, w in zip(python_driven.run({"x": x}), want):
+            np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
