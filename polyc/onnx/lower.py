@@ -25,7 +25,6 @@ through :data:`~polyc.onnx.ops.CONVERTERS` (``(since_version, function)`` pairs,
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -35,9 +34,6 @@ import numpy as np
 import onnx
 
 from ..errors import CompileError, PolycError, UnsupportedError
-from ..lang import ast as A
-from ..lang import format_def, parse
-from ..lang.printer import format_clause
 from .builder import STORAGE, Builder, Val, rounded, tc_type
 from .fusion import Group
 from .load import MIN_OPSET
@@ -166,11 +162,15 @@ def lower_group(g: nx.DiGraph, group: Group, dying: frozenset = frozenset()) -> 
         shape = info.shape or (1,)
         outs.append(f"{tc_type(info.dtype)}({','.join(str(d) for d in shape)}) {tc}")
         tc_shapes[onnx_name] = shape
+    onnx_of = {tc: onnx_name for tc, onnx_name, _, _ in b.params}
+    types = {tc: (tuple(shape), np.dtype(dtype)) for tc, _, shape, dtype in b.params}
+    types.update({tc: (tuple(b.tensors[o].shape or (1,)), np.dtype(b.tensors[o].dtype))
+                  for tc, o in zip(out_names, returned)})
+    folded = fold_residual(b.stmts, types, frozenset(tc for tc, o in onnx_of.items() if o in dying))
+    params = [text for text, (tc, *_) in zip(params, b.params) if tc not in folded.values()]
     body = "\n".join(f"    {s.text}" for s in b.stmts)
     name = _def_name(group)
     source = f"def {name}({', '.join(params)}) -> ({', '.join(outs)}) {{\n{body}\n}}\n"
-    onnx_of = {tc: onnx_name for tc, onnx_name, _, _ in b.params}
-    source, folded = fold_residual(source, frozenset(tc for tc, name in onnx_of.items() if name in dying))
     inputs = tuple(p[1] for p in b.params if p[0] not in folded.values())
     inplace = {returned[out_names.index(y)]: onnx_of[x] for y, x in folded.items()}
     return LoweredKernel(group.name, name, source, inputs, returned, dict(b.extra_constants), tc_shapes, inplace)
@@ -181,124 +181,6 @@ def lower_groups(g: nx.DiGraph, groups: list) -> list:
     whose memory its outputs may take over (:func:`polyc.onnx.memory.dying_inputs`)."""
     dying = dying_inputs(g, groups)
     return [lower_group(g, gr, dying.get(gr.name, frozenset())) for gr in groups]
-
-
-def fold_residual(source: str, dying: frozenset) -> tuple[str, dict]:
-    """Fold a residual Add into the reduction that produces an output (onnxruntime's Conv + Sum fusion,
-    MLAS's ``beta = 1``): ``(source, {output: input})``.
-
-    An output ``Y`` written exactly twice, by a reduction ``Y(i...) +=! R`` and then an epilogue ``Y(i...) =
-    f(... (Y(i...) + ... + X(i...)) ...)`` over the same ranges, whose additive chain holds ``X(i...)``: an
-    input in ``dying`` (its memory is free once this kernel has read it) of ``Y``'s shape and dtype, read
-    nowhere else in the def. The def then accumulates onto ``X``'s values (``Y(i...) += R``, ``X`` dropped
-    from the chain and from the parameters) and the caller must give ``Y`` the memory ``X`` is in
-    (:func:`polyc.onnx.memory.plan_memory`'s ``inplace``): ``f(R + ... + X)`` with ``X`` added first
-    instead of last (a different rounding of the same sum). The output then needs no memory of its own,
-    which it would first fetch from memory to write (a 56x56x256 residual convolution of ResNet-50: 0.59 ->
-    0.42 ms once its output's lines were in cache), and the kernel reads one tensor fewer.
-    ``source`` is returned unchanged (and ``{}``) when no output qualifies."""
-    if not dying:
-        return source, {}
-    d = parse(source).defs[0]
-    statements = list(d.statements)
-    params = {p.name: p for p in d.params}
-    counts: dict = {}
-    for st in statements:
-        for a in _accesses(st.rhs):
-            counts[a.tensor] = counts.get(a.tensor, 0) + 1
-    folded = {}
-    for out in d.outputs:
-        writers = [k for k, st in enumerate(statements) if st.tensor == out.name]
-        if len(writers) != 2:
-            continue
-        reduction, epilogue = (statements[k] for k in writers)
-        own = tuple(i.name for i in epilogue.indices)
-        if reduction.op != "+=!" or epilogue.op != "=" or tuple(i.name for i in reduction.indices) != own \
-                or _ranges(reduction, own) != _ranges(epilogue, own) \
-                or any(a.tensor == out.name for k in range(writers[0] + 1, writers[1])
-                       for a in _accesses(statements[k].rhs)) \
-                or sum(a.tensor == out.name for a in _accesses(epilogue.rhs)) != 1:
-            continue
-
-        def residual(term):
-            return isinstance(term, A.Access) and term.tensor in dying and term.tensor not in folded.values() \
-                and counts.get(term.tensor) == 1 and _plain(term.args, own) \
-                and params[term.tensor].dtype == out.dtype and params[term.tensor].dims == out.dims
-        rhs, x = _drop_from_chain(epilogue.rhs, out.name, own, residual)
-        if x is None:
-            continue
-        statements[writers[0]] = dataclasses.replace(reduction, op="+=")
-        if isinstance(rhs, A.Access) and rhs.tensor == out.name:  # the epilogue was the Add alone
-            statements.pop(writers[1])
-        else:
-            statements[writers[1]] = dataclasses.replace(epilogue, rhs=rhs)
-        folded[out.name] = x
-    if not folded:
-        return source, {}
-    d = dataclasses.replace(d, params=tuple(p for p in d.params if p.name not in folded.values()),
-                            statements=tuple(statements))
-    return format_def(d) + "\n", folded
-
-
-def _accesses(e):
-    """Every tensor read in expression ``e`` (lang AST), indices included."""
-    if isinstance(e, A.Access):
-        yield e
-        for a in e.args:
-            yield from _accesses(a)
-    elif isinstance(e, A.Binary):
-        yield from _accesses(e.lhs)
-        yield from _accesses(e.rhs)
-    elif isinstance(e, (A.Unary, A.Cast)):
-        yield from _accesses(e.operand)
-    elif isinstance(e, A.Select):
-        for part in (e.cond, e.then, e.other):
-            yield from _accesses(part)
-    elif isinstance(e, A.Call):
-        for a in e.args:
-            yield from _accesses(a)
-
-
-def _plain(args, own) -> bool:
-    return len(args) == len(own) and all(isinstance(a, A.Ident) and a.name == i for a, i in zip(args, own))
-
-
-def _ranges(st, own) -> list:
-    return [format_clause(c) for c in st.where if isinstance(c, A.RangeClause) and c.index in own]
-
-
-def _terms(e) -> list:
-    if isinstance(e, A.Binary) and e.op == "+":
-        return _terms(e.lhs) + _terms(e.rhs)
-    return [e]
-
-
-def _drop_from_chain(e, out: str, own, residual):
-    """``(e', X)``: ``e`` with the term ``X(own)`` that ``residual`` accepts removed from the ``+`` chain that
-    holds ``out(own)``; ``(e, None)`` when there is none."""
-    if isinstance(e, A.Binary) and e.op == "+":
-        terms = _terms(e)
-        if any(isinstance(t, A.Access) and t.tensor == out and _plain(t.args, own) for t in terms):
-            drop = next((t for t in terms if residual(t)), None)
-            if drop is None:
-                return e, None
-            rest = [t for t in terms if t is not drop]
-            chain = rest[0]
-            for t in rest[1:]:
-                chain = A.Binary("+", chain, t)
-            return chain, drop.tensor
-    for name in ("lhs", "rhs", "operand", "cond", "then", "other"):
-        part = getattr(e, name, None)
-        if part is not None and not isinstance(part, str):
-            new, x = _drop_from_chain(part, out, own, residual)
-            if x is not None:
-                return dataclasses.replace(e, **{name: new}), x
-    if isinstance(e, (A.Call, A.Access)):
-        for k, a in enumerate(e.args):
-            new, x = _drop_from_chain(a, out, own, residual)
-            if x is not None:
-                return dataclasses.replace(e, args=e.args[:k] + (new,) + e.args[k + 1:]), x
-    return e, None
 
 
 # ---- the supported-op check ------------------------------------------------------------------------------------
@@ -384,3 +266,121 @@ def check_supported(g: nx.DiGraph) -> None:
         known = textwrap.fill(", ".join(ops), width=108, initial_indent="    ", subsequent_indent="    ")
         raise UnsupportedError(f"the model uses {len(lines)} unsupported feature(s):\n  " + "\n  ".join(lines)
                                + f"\npolyc supports {len(ops)} operators at opset {opset}:\n{known}")
+
+
+_STATEMENT = re.compile(r"^(\w+)\(([^()]*)\) (\S+) (.*)\n\s*where (.*)$", re.S)
+_TOKEN = re.compile(r"\s*(?:([A-Za-z_]\w*)|(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)|(\S))")
+
+
+def fold_residual(stmts: list, types: dict, dying: frozenset) -> dict:
+    """Fold a residual Add into the reduction that produces an output (onnxruntime's Conv + Sum fusion,
+    MLAS's ``beta = 1``); returns ``{output: input}`` for the outputs folded (TC names), ``stmts`` (the
+    Builder's) rewritten in place.
+
+    An output ``Y`` written exactly twice, by a reduction ``Y(i...) +=! R`` and then an epilogue ``Y(i...) =
+    f(... (Y(i...) + ... + X(i...)) ...)`` over the same ranges, whose ``+`` chain holds ``X(i...)``: an input
+    in ``dying`` (its memory is free once this kernel has read it) of ``Y``'s shape and dtype (``types``: TC
+    name -> (shape, dtype)), read nowhere else. The def then accumulates onto ``X``'s values (``Y(i...) +=
+    R``, ``X`` dropped from the chain; the caller drops the parameter) and the caller must give ``Y`` the
+    memory ``X`` is in (:func:`polyc.onnx.memory.plan_memory`'s ``inplace``): ``f(R + ... + X)`` with ``X``
+    added first instead of last (a different rounding of the same sum). The output then needs no memory of
+    its own, which it would first fetch from memory to write (a 56x56x256 residual convolution of ResNet-50:
+    0.59 -> 0.42 ms once its output's lines were in cache), and the kernel reads one tensor fewer."""
+    folded: dict = {}
+    if not dying:
+        return folded
+    for out in sorted({s.lhs for s in stmts}):
+        writers = [k for k, s in enumerate(stmts) if s.lhs == out]
+        if out not in types or len(writers) != 2:
+            continue
+        red, epi = (_STATEMENT.match(stmts[k].text) for k in writers)
+        if red is None or epi is None or red.group(3) != "+=!" or epi.group(3) != "=" \
+                or red.group(2) != epi.group(2) or not _same_ranges(red.group(5), epi.group(5), len(types[out][0])) \
+                or any(re.search(rf"\b{out}\b", stmts[k].text) for k in range(writers[0] + 1, writers[1])):
+            continue
+        own = f"{out}({epi.group(2)})"
+        rhs = epi.group(4)
+        if rhs.count(f"{out}(") != 1:
+            continue
+        for x in sorted(dying - set(folded.values())):
+            term = f"{x}({epi.group(2)})"
+            if types.get(x) != types[out] or sum(len(re.findall(rf"\b{x}\b", s.text)) for s in stmts) != 1 \
+                    or term not in rhs:
+                continue
+            new_rhs = _drop_term(rhs, own, term)
+            if new_rhs is None:
+                continue
+            stmts[writers[0]].text = stmts[writers[0]].text.replace(" +=! ", " += ", 1)
+            if new_rhs == own:  # the epilogue was the Add alone
+                del stmts[writers[1]]
+            else:
+                stmts[writers[1]].text = f"{own} = {new_rhs}\n        where {epi.group(5)}"
+            folded[out] = x
+            break
+    return folded
+
+
+def _drop_term(text: str, own: str, term: str) -> str | None:
+    """``text`` (an expression as the Builder writes it: each binary operation in parentheses) with ``term``
+    removed from the ``+`` chain that holds ``own`` as a term too; None when there is no such chain."""
+    tokens, pos = [], 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            return None
+        tokens.append((m.group(m.lastindex), m.start(m.lastindex), m.end()))
+        pos = m.end()
+    spans: dict = {}  # start of a parenthesized '+' node -> (end, [term spans])
+
+    def parse(i):  # one operand from token i: (start, end, next token, terms or None)
+        if i >= len(tokens):
+            raise ValueError
+        tok, start, end = tokens[i]
+        if tok == "(":
+            items, i = [], i + 1
+            while tokens[i][0] != ")":
+                if tokens[i][0] in "+-*/%<>=!&|?:,":
+                    items.append(tokens[i][0])
+                    i += 1
+                else:
+                    s, e, i, terms = parse(i)
+                    items.append((s, e, terms))
+            end = tokens[i][2]
+            if len(items) == 3 and items[1] == "+":
+                terms = (items[0][2] or [items[0][:2]]) + (items[2][2] or [items[2][:2]])
+                spans[start] = (end, terms)
+                return start, end, i + 1, terms
+            return start, end, i + 1, None
+        if i + 1 < len(tokens) and tokens[i + 1][0] == "(" and (tok[0].isalpha() or tok[0] == "_"):
+            i += 2
+            while tokens[i][0] != ")":
+                if tokens[i][0] == ",":
+                    i += 1
+                    continue
+                _, _, i, _ = parse_seq(i)
+            return start, tokens[i][2], i + 1, None
+        return start, end, i + 1, None
+
+    def parse_seq(i):  # operands and operators up to a ',' or ')' at this depth
+        start = tokens[i][1]
+        end = start
+        while i < len(tokens) and tokens[i][0] not in ",)":
+            if tokens[i][0] in "+-*/%<>=!&|?:":
+                i += 1
+                continue
+            _, end, i, _ = parse(i)
+        return start, end, i, None
+
+    try:
+        parse_seq(0)
+    except (ValueError, IndexError):
+        return None
+    for start, (end, terms) in sorted(spans.items()):  # outermost first: a chain's root
+        texts = [text[s:e] for s, e in terms]
+        if own in texts and term in texts:
+            rest = [t for t in texts if t != term]
+            chain = rest[0]
+            for t in rest[1:]:
+                chain = f"({chain} + {t})"
+            return text[:start] + chain + text[end:]
+    return None

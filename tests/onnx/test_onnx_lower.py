@@ -304,31 +304,38 @@ def test_a_convolution_over_phases_skips_its_zero_taps(kernel, strides, pads):
 def test_fold_residual_accumulates_onto_a_dying_input():
     """fold_residual: the residual term of a reduction's epilogue chain becomes the accumulator's start when
     the input dies in the kernel, is read once and has the output's shape and dtype; anything else keeps the
-    def as it was."""
+    statements as they were."""
+    import polyc
+    from polyc.onnx.builder import _Stmt
     from polyc.onnx.lower import fold_residual
-    src = ("def k(float(4,8) X0, float(8,6) X1, float(6) X2, float(4,6) X3) -> (float(4,6) Y0) {\n"
-           "    Y0(i0, i1) +=! X0(i0, r0) * X1(r0, i1) where i0 in 0:4, i1 in 0:6, r0 in 0:8\n"
-           "    Y0(i0, i1) = max(((Y0(i0, i1) + X2(i1)) + X3(i0, i1)), 0.0) where i0 in 0:4, i1 in 0:6\n}\n")
-    folded, pairs = fold_residual(src, frozenset({"X3"}))
+    reduction = "Y0(i0, i1) +=! X0(i0, r0) * X1(r0, i1)\n        where i0 in 0:4, i1 in 0:6, r0 in 0:8"
+    epilogue = "Y0(i0, i1) = max(((Y0(i0, i1) + X2(i1)) + X3(i0, i1)), 0.0)\n        where i0 in 0:4, i1 in 0:6"
+    f32 = np.dtype(np.float32)
+    types = {"X0": ((4, 8), f32), "X1": ((8, 6), f32), "X2": ((6,), f32), "X3": ((4, 6), f32), "Y0": ((4, 6), f32)}
+
+    def fold(epi=epilogue, dying=("X3",), kinds=types):
+        stmts = [_Stmt("Y0", reduction), _Stmt("Y0", epi)]
+        return fold_residual(stmts, kinds, frozenset(dying)), [s.text for s in stmts]
+
+    pairs, texts = fold()
     assert pairs == {"Y0": "X3"}
-    assert "X3" not in folded and "Y0(i0, i1) += X0(i0, r0) * X1(r0, i1)" in folded
-    assert "Y0(i0, i1) = max(Y0(i0, i1) + X2(i1), 0.0)" in folded
+    assert texts[0].startswith("Y0(i0, i1) += X0(i0, r0) * X1(r0, i1)")
+    assert texts[1].startswith("Y0(i0, i1) = max((Y0(i0, i1) + X2(i1)), 0.0)")
+    header = "def k(float(4,8) X0, float(8,6) X1, float(6) X2{}) -> (float(4,6) Y0) {{\n    {}\n    {}\n}}\n"
     x0, x1, x2, x3 = (np.random.default_rng(3).standard_normal(s).astype(np.float32)
                       for s in [(4, 8), (8, 6), (6,), (4, 6)])
-    import polyc
-    want = polyc.define(src)(x0, x1, x2, x3)
-    got = polyc.define(folded)(x0, x1, x2, out=x3.copy())  # accumulates onto the residual's values
+    want = polyc.define(header.format(", float(4,6) X3", reduction, epilogue))(x0, x1, x2, x3)
+    got = polyc.define(header.format("", *texts))(x0, x1, x2, out=x3.copy())  # onto the residual's values
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    assert fold_residual(src, frozenset()) == (src, {})               # the residual is still needed later
-    assert fold_residual(src, frozenset({"X2"})) == (src, {})         # a bias, not of the output's shape
-    twice = src.replace("+ X3(i0, i1)", "+ X3(i0, i1) * X3(i0, i1)")
-    assert fold_residual(twice, frozenset({"X3"})) == (twice, {})     # not a term of the chain, read twice
-    minus = src.replace("+ X3(i0, i1)", "- X3(i0, i1)")
-    assert fold_residual(minus, frozenset({"X3"})) == (minus, {})     # a difference is not a residual Add
-    bare = src.replace("max(((Y0(i0, i1) + X2(i1)) + X3(i0, i1)), 0.0)", "X3(i0, i1) + Y0(i0, i1)") \
-        .replace(", float(6) X2", "")
-    folded, pairs = fold_residual(bare, frozenset({"X3"}))
-    assert pairs == {"Y0": "X3"} and folded.count("Y0(i0, i1)") == 1  # the epilogue was the Add alone
+    assert fold(dying=())[0] == {}                                         # the residual is needed later
+    assert fold(dying=("X2",))[0] == {}                                    # a bias: not the output's shape
+    assert fold(kinds={**types, "X3": ((4, 6), np.dtype(np.float64))})[0] == {}  # another dtype
+    assert fold(epilogue.replace("+ X3(i0, i1)", "+ (X3(i0, i1) * X3(i0, i1))"))[0] == {}  # read twice
+    assert fold(epilogue.replace("+ X3(i0, i1)", "- X3(i0, i1)"))[0] == {}  # a difference
+    assert fold(epilogue.replace("max(((Y0(i0, i1) + X2(i1)) + X3(i0, i1)), 0.0)",
+                                 "(max((Y0(i0, i1) + X2(i1)), 0.0) + X3(i0, i1))"))[0] == {}  # after the max
+    pairs, texts = fold(epilogue.replace("max(((Y0(i0, i1) + X2(i1)) + X3(i0, i1)), 0.0)", "(X3(i0, i1) + Y0(i0, i1))"))
+    assert pairs == {"Y0": "X3"} and len(texts) == 1                       # the epilogue was the Add alone
 
 
 def _residual_model(residual_is_output=False):
