@@ -65,13 +65,15 @@ def status_error(where: str, status: int, reads=()):
 class TensorSpec:
     """A kernel argument: name, numpy dtype name, shape (elements), role (input/output/temp); ``packed``:
     the panel width when the kernel reads this input packed (:func:`polyc.poly.promote.packed_array` of an
-    array of ``shape``), else 0."""
+    array of ``shape``), else 0; ``packed_order``: the order of the packed layout's middle dimensions, ``()``
+    for their own."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     role: str
     packed: int = 0
+    packed_order: tuple = ()
 
 
 class Compiled:
@@ -156,7 +158,7 @@ class Compiled:
                 if any(np.may_share_memory(o, a) for a in arrays):
                     targets[k] = o.copy()
         temps = [_zeros(t) for t in self.temps]
-        arrays = [packed_array(a, t.packed) if t.packed else a for a, t in zip(arrays, self.inputs)]
+        arrays = [packed_array(a, t.packed, t.packed_order) if t.packed else a for a, t in zip(arrays, self.inputs)]
         pointers = ([a.ctypes.data for a in arrays] + [o.ctypes.data for o in targets]
                     + [t.ctypes.data for t in temps])
         self.run_pointers(pointers)
@@ -361,8 +363,8 @@ class Kernel:
 
         def decode(entry) -> Compiled:
             jit = load_object(entry["object"], self.target, (symbol(self.name),))
-            tensors = [TensorSpec(name, dtype, tuple(shape), role, packed)
-                       for name, dtype, shape, role, packed in entry["tensors"]]
+            tensors = [TensorSpec(name, dtype, tuple(shape), role, packed, tuple(order[0]) if order else ())
+                       for name, dtype, shape, role, packed, *order in entry["tensors"]]
             return Compiled(self, sizes, options, tensors, jit, constants=constants)
 
         compiled = cache.fetch(disk_key, decode, f"entry for {self.name}")
@@ -371,12 +373,13 @@ class Kernel:
             stages = compile_kernel(self.checked, sizes, options, self.target, constants, self.take_scop(sizes),
                                     self.compile_ir)
             shapes = input_shapes(self.checked, sizes)  # a packed input's Scop shape is its packed one
-            tensors = [TensorSpec(t.name, t.dtype, shapes[t.name] if t.packed else tuple(t.shape), t.role, t.packed)
-                       for t in stages.scop.tensors if t.role != "local"]
+            tensors = [TensorSpec(t.name, t.dtype, shapes[t.name] if t.packed else tuple(t.shape), t.role, t.packed,
+                                  t.packed_order) for t in stages.scop.tensors if t.role != "local"]
             compiled = Compiled(self, sizes, options, tensors, stages.jit, stages, constants)
             if schedule_module.cut_off == cut_before:  # else a fallback of a loaded moment: not for good
                 cache.store(disk_key, {"object": stages.jit.object_code,
-                                       "tensors": [(t.name, t.dtype, t.shape, t.role, t.packed) for t in tensors]})
+                                       "tensors": [(t.name, t.dtype, t.shape, t.role, t.packed, list(t.packed_order))
+                                                   for t in tensors]})
         debug.log(f"{self.name} {sizes}: ready in {(time.perf_counter() - t) * 1e3:.1f} ms "
                   f"({'disk cache' if compiled._stages is None else 'compiled'})")
         return compiled

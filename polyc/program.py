@@ -43,19 +43,20 @@ class KernelCall:
 @dataclass(frozen=True)
 class PackedSlot:
     """A buffer slot a linked program adds for a constant some kernel reads packed: the values of slot
-    ``source`` (elements of ``itemsize`` bytes, read as ``shape``) in panels of ``block``
-    (:func:`~polyc.poly.promote.packed_array`)."""
+    ``source`` (elements of ``itemsize`` bytes, read as ``shape``) in panels of ``block``, the middle
+    dimensions in ``order`` (:func:`~polyc.poly.promote.packed_array`)."""
 
     source: int
     shape: tuple
     itemsize: int
     block: int
+    order: tuple = ()
 
     def pack(self, constant: np.ndarray) -> np.ndarray:
         """The packed copy of ``constant`` (the array at slot ``source``: its bytes, in any shape; packing
         moves whole elements, so they are handled as unsigned integers of the same size)."""
         values = np.ascontiguousarray(constant).reshape(-1).view(np.uint8)
-        return packed_array(values.view(np.dtype(f"u{self.itemsize}")).reshape(self.shape), self.block)
+        return packed_array(values.view(np.dtype(f"u{self.itemsize}")).reshape(self.shape), self.block, self.order)
 
 
 class NativeProgram:
@@ -141,7 +142,7 @@ class KernelJob:
 @dataclass(frozen=True)
 class KernelObject:
     """A kernel compiled to a relocatable object: ``object_code`` defines ``i32 @symbol(ptr args)``;
-    ``packed`` lists ``(argument index, shape, itemsize, block)`` of the inputs it reads packed; ``fallback``
+    ``packed`` lists ``(argument index, shape, itemsize, block, order)`` of the inputs it reads packed; ``fallback``
     says the scheduler's time box cut a run short while compiling it (such an object is not cached)."""
 
     object_code: bytes
@@ -166,7 +167,7 @@ def compile_kernel_object(job: KernelJob, kernel: Kernel | None = None) -> Kerne
     object_code = compile_object(module, job.target, job.options.opt_level, job.options.unroll != 0,
                                  shared=job.shared)
     shapes = input_shapes(kernel.checked, sizes)  # a packed input's Scop shape is its packed one
-    packed = tuple((j, shapes[t.name], itemsize(t.dtype), t.packed)
+    packed = tuple((j, shapes[t.name], itemsize(t.dtype), t.packed, t.packed_order)
                    for j, t in enumerate(lowered.scop.tensors) if t.packed)
     return KernelObject(object_code, packed, schedule_module.cut_off != cut_before,
                         time.perf_counter() - started)
@@ -234,7 +235,8 @@ def program_objects(name: str, kernels, calls, n_slots: int, options: Options, o
         for size in entry["sizes"]:
             objects.append(blob[:size])
             blob = blob[size:]
-        packed = tuple(PackedSlot(s, tuple(shape), size, block) for s, shape, size, block in entry["packed"])
+        packed = tuple(PackedSlot(s, tuple(shape), size, block, tuple(order[0]) if order else ())
+                       for s, shape, size, block, *order in entry["packed"])
         return ProgramObjects(name, tuple(objects), symbols, packed, 0, True)
 
     found = cache.fetch(key, decode, f"program {name}")
@@ -247,7 +249,8 @@ def program_objects(name: str, kernels, calls, n_slots: int, options: Options, o
         if job_key in results or job_key in todo:
             continue
         hit = cache.fetch(job_key, lambda e: KernelObject(e["object"], tuple(
-            (j, tuple(shape), size, block) for j, shape, size, block in e["packed"]), False, 0.0),
+            (j, tuple(shape), size, block, tuple(order[0]) if order else ())
+            for j, shape, size, block, *order in e["packed"]), False, 0.0),
             f"object of kernel {job.name}")
         if hit is not None:
             results[job_key] = hit
@@ -275,8 +278,8 @@ def program_objects(name: str, kernels, calls, n_slots: int, options: Options, o
     entry_calls = []
     for c in calls:
         args = list(c.args)
-        for j, shape, size, block in results[jobs[c.kernel][0]].packed:
-            slot = PackedSlot(args[j][0], tuple(shape), size, block)
+        for j, shape, size, block, *order in results[jobs[c.kernel][0]].packed:
+            slot = PackedSlot(args[j][0], tuple(shape), size, block, tuple(order[0]) if order else ())
             args[j] = (packed_slots.setdefault(slot, n_slots + len(packed_slots)), 0)
         entry_calls.append((symbols[c.kernel], args))
     module = new_module(target)
@@ -286,7 +289,7 @@ def program_objects(name: str, kernels, calls, n_slots: int, options: Options, o
     packed = tuple(packed_slots)
     if not fallback:  # see polyc.poly.schedule.cut_off
         cache.store(key, {"objects": b"".join(objects), "sizes": [len(o) for o in objects],
-                          "packed": [(p.source, list(p.shape), p.itemsize, p.block) for p in packed]})
+                          "packed": [(p.source, list(p.shape), p.itemsize, p.block, list(p.order)) for p in packed]})
     debug.log(f"program {name}: {len(kernels)} kernels ({len(todo)} compiled, in {processes} "
               f"process{'es' if processes > 1 else ''}) in {(time.perf_counter() - started):.2f} s"
               + (f", {len(packed)} constants packed once" if packed else ""))

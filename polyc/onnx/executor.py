@@ -53,9 +53,10 @@ class PythonExecutor:
                 step.compile(constants) if compile_step is None else compile_step(step, constants)
             for j, (spec, root) in enumerate(zip(compiled.inputs, roots)):
                 if spec.packed:  # one packed copy per constant and layout, shared by the steps that read it
-                    key = (root, spec.shape, spec.packed)
+                    key = (root, spec.shape, spec.packed, spec.packed_order)
                     if key not in packed_by:
-                        packed_by[key] = packed_array(self.constants[root].reshape(spec.shape), spec.packed)
+                        packed_by[key] = packed_array(self.constants[root].reshape(spec.shape), spec.packed,
+                                                      spec.packed_order)
                     self.packed[(step.group, j)] = packed_by[key]
             source = step.kernel.source
             self.compile_seconds[source] = self.compile_seconds.get(source, 0.0) + time.perf_counter() - t

@@ -1,6 +1,6 @@
 """Promotion (packing): copy a reused operand into a contiguous, panel-major local buffer before the kernel.
 
-The CPU strategy decides what to pack (:class:`~polyc.poly.strategy.Packing`, its step 6); :func:`promote`
+The CPU strategy decides what to pack (:class:`~polyc.poly.packing.Packing`, its step 6); :func:`promote`
 carries it out on the Scop and the schedule tree, as PPCG and AKG do promotion, with a copy statement:
 
 - a local tensor ``B__p0`` (role ``"local"``: codegen allocates it, it is not a kernel argument) and a copy
@@ -32,7 +32,8 @@ from ..lang import ast as L
 from ..options import Options
 from .affine import affine_text, isl_name
 from .scop import PolyStatement, Scop, Tensor
-from .strategy import Packing, mark_parallel, runs_parallel, sole_read
+from .packing import Packing, sole_read
+from .strategy import mark_parallel, runs_parallel
 from .transforms import band_split, insert_mark
 
 
@@ -51,8 +52,8 @@ def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], t
         source = scop.tensor(packing.read.tensor)
         if source.name in constants and source.role == "input" and packing.position in (-1, len(source.shape) - 1) \
                 and sole_read(scop, packing.statement, packing.read) and not scop.params:
-            packed = Tensor(source.name, source.dtype, _packed_shape(source.shape, packing.block), "input",
-                            packing.block)
+            packed = Tensor(source.name, source.dtype, _packed_shape(source.shape, packing.block, -1, packing.order),
+                            "input", packing.block, packed_order=packing.order)
             tensors = [packed if t.name == source.name else t for t in tensors]
             statements = [_rewrite(s, packing, packed, scop.sizes) if s.name == packing.statement else s
                           for s in statements]
@@ -68,20 +69,26 @@ def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], t
     return promoted, schedule
 
 
-def _packed_shape(shape: tuple, block: int, position: int = -1) -> tuple:
+def _packed_shape(shape: tuple, block: int, position: int = -1, order: tuple = ()) -> tuple:
     """The panel-major shape of a tensor of ``shape`` packed in panels of ``block`` along its dim ``position``
-    (-1: the last): ``(ceil(shape[position] / block), the other extents in order, block)``."""
+    (-1: the last): ``(ceil(shape[position] / block), the other extents, block)``, the other extents in
+    their order or in ``order`` (:attr:`~polyc.poly.packing.Packing.order`)."""
     position %= len(shape)
     rest = tuple(e for d, e in enumerate(shape) if d != position)
+    rest = tuple(rest[d] for d in order) if order else rest
     return (-(-shape[position] // block),) + rest + (block,)
 
 
-def packed_array(array, block: int):
+def packed_array(array, block: int, order: tuple = ()):
     """``array`` (numpy, shape ``(a_1, ..., a_{p-1}, n)``) in the panel-major layout of a packed read:
     shape ``(ceil(n / block), a_1, ..., a_{p-1}, block)``, element ``[v // block, a..., v % block] =
-    array[a..., v]``, the tail of the last panel zero. C-contiguous, same dtype."""
+    array[a..., v]``, the tail of the last panel zero; with ``order`` (a permutation of ``0 .. p-2``) the
+    ``a`` dimensions come in that order: ``(ceil(n / block), a_order[0], ..., block)``. C-contiguous, same
+    dtype."""
     import numpy as np
 
+    if order:
+        array = np.transpose(array, tuple(order) + (array.ndim - 1,))
     n = array.shape[-1]
     panels = -(-n // block)
     padded = np.zeros(array.shape[:-1] + (panels * block,), dtype=array.dtype)
@@ -95,7 +102,7 @@ def _copy_statement(scop: Scop, packing: Packing, source: Tensor, name: str, stm
     nr = packing.block
     position = packing.position % len(source.shape)
     extents = source.extents or source.shape  # a generic kernel's: in the sizes (Sym)
-    shape = _packed_shape(extents, nr, position)
+    shape = _packed_shape(extents, nr, position, packing.order)
     n = extents[position]
     local = Tensor(name, source.dtype, tuple(int(e) for e in shape), "local",
                    extents=shape if source.extents else ())
@@ -106,7 +113,10 @@ def _copy_statement(scop: Scop, packing: Packing, source: Tensor, name: str, stm
     domain = isl.Set(f"{scop.prefix}{{ {stmt_name}[{dims}] : {' and '.join(bounds)} }}")
     if scop.context is not None:
         domain = domain.intersect_params(scop.context)
-    source_texts = list(lead)
+    unpermuted = list(lead)  # the packed buffer's middle dims are the source's other dims in packing.order
+    for j, d in enumerate(packing.order):
+        unpermuted[d] = lead[j]
+    source_texts = list(unpermuted)
     source_texts.insert(position, f"{nr}*{vb} + {vl}")
     write = isl.Map(f"{scop.prefix}{{ {stmt_name}[{dims}] -> {isl_name(name)}[{dims}] }}").intersect_domain(domain)
     target = f"{isl_name(source.name)}[{', '.join(source_texts)}]"
@@ -116,7 +126,7 @@ def _copy_statement(scop: Scop, packing: Packing, source: Tensor, name: str, stm
     def ident(i):
         return L.Ident(i, None, "int32", "index")
 
-    args = [ident(i) for i in lead]
+    args = [ident(i) for i in unpermuted]
     args.insert(position, L.Binary("+", L.Binary("*", L.Const(nr, None, "int32"), ident(vb), None, "int32"),
                                    ident(vl), None, "int32"))
     rhs = L.Access(source.name, tuple(args), None, source.dtype)
@@ -131,6 +141,7 @@ def _rewrite(stmt: PolyStatement, packing: Packing, local: Tensor, sizes: dict) 
     position = packing.position % len(args)
     v = args[position]
     others = tuple(a for d, a in enumerate(args) if d != position)
+    others = tuple(others[d] for d in packing.order) if packing.order else others
     new_args = ((L.Binary("/", v, L.Const(nr, None, "int32"), None, "int32"),) + others
                 + (L.Binary("%", v, L.Const(nr, None, "int32"), None, "int32"),))
     new_read = L.Access(local.name, new_args, packing.read.span, packing.read.dtype)

@@ -61,6 +61,8 @@ class Tensor:
     #: in a generic kernel, the shape in the sizes (:class:`~polyc.poly.affine.Sym` or int per dimension;
     #: ``shape`` is then its value at the hint sizes); ``()`` in a specialised one
     extents: tuple = ()
+    #: with ``packed``: the order of the packed layout's middle dimensions (:func:`~polyc.poly.promote.packed_array`)
+    packed_order: tuple = ()
 
     @property
     def size(self) -> int:

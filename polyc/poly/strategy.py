@@ -43,8 +43,8 @@ their dependences (a tiled reduction and its initialisation, both in one tile, o
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
 
 import islpy as isl
 
@@ -56,6 +56,8 @@ from .affine import accesses_in, element_stride
 from .deps import Dependences
 from .marks import mark_name
 from .scop import PolyStatement, Scop
+from .packing import (PACK_MIN_ROW_BYTES, Packing, choose_packing, constant_index, jump_bytes, loop_order,
+                      packed_order, plain_index)
 from .transforms import (band_coincident, band_extents, band_permute, band_ranges, band_sink, band_split, band_tile,
                          bands, branches_below, dependences_at, distribute_bands, distribute_serialized,
                          fuse_next_sibling, insert_mark, isolate_full_tiles, member_index, node_at, order_sets,
@@ -274,9 +276,9 @@ def transposable(read: L.Access, v_index: str, stmt: PolyStatement, scop: Scop) 
     rows instead of being a copy of what the kernel reads once)."""
     if read.tensor in {s.tensor for s in scop.statements} or len(read.args) < 2:
         return False
-    if not all(_plain_index(a) or _constant_index(a) for a in read.args):
+    if not all(plain_index(a) or constant_index(a) for a in read.args):
         return False
-    names = [a.name for a in read.args if _plain_index(a)]
+    names = [a.name for a in read.args if plain_index(a)]
     return len(set(names)) == len(names) and v_index in names and any(n not in stmt.lhs for n in names)
 
 
@@ -307,13 +309,6 @@ def streams_panel(stmt: PolyStatement, scop: Scop, p_indices, u_index: str, v_in
         if math.prod(tensor.shape) * L.itemsize(tensor.dtype) > l2_bytes:
             return True
     return False
-
-
-def jump_bytes(read: L.Access, indices, stmt: PolyStatement, scop: Scop) -> int:
-    """The largest distance in bytes that one step of any of ``indices`` moves ``read`` (0: none affine)."""
-    tensor = scop.tensor(read.tensor)
-    return max((abs(element_stride(read.args, tensor.shape, i, stmt.indices, scop.sizes) or 0) for i in indices),
-               default=0) * L.itemsize(tensor.dtype)
 
 
 # ---- steps 2-5 ----------------------------------------------------------------------------------------
@@ -634,13 +629,16 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
         if options.tile and tiles[order.index(v)] % nr:
             return optimize_band(node, scop, deps, target, options, parallel, constants, split, transpose=False)
         v_index = member_index(node, v, stmt)
-        position = [a.name if _plain_index(a) else None for a in transposed.args].index(v_index)
+        position = [a.name if plain_index(a) else None for a in transposed.args].index(v_index)
         packing = Packing(stmt.name, transposed, v_index, nr, position)
     elif u is not None and v is not None and any(i not in stmt.lhs for i in stmt.indices) \
             and options.promote is not False:
         packing = choose_packing(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt), nr,
                                  tiles[order.index(v)] if options.tile else None, -(-rows // mr),
                                  force=options.promote is True, constants=constants)
+        if packing is not None:
+            loops = [member_index(node, k, stmt) for k in order] + loop_order(node.child(0), stmt)
+            packing = dataclasses.replace(packing, order=packed_order(packing.read, loops))
     node = band_permute(node, order)
     band_path = path_of(node)
     if options.tile and not single_tile(node, tiles, scop.hint):
@@ -677,94 +675,6 @@ def split_partial_tile(node: isl.ScheduleNode, v: int, nr: int, vector_lanes: in
 
 
 # ---- step 6: packing (promotion) ----------------------------------------------------------------------
-
-#: Pack a read when a step of one of its reduction indices jumps at least this many bytes in it (a page: each
-#: step of the micro-kernel's loop would touch a new page and, for power-of-two rows, the same cache sets).
-PACK_MIN_ROW_BYTES = 4096
-
-#: ... and when each packed panel is reused by at least this many register-tile rows.
-PACK_MIN_REUSE = 4
-
-
-@dataclass(frozen=True)
-class Packing:
-    """Step 6's decision: copy read ``read`` of statement ``statement`` into a panel-major buffer.
-
-    The read is ``T(a_1, ..., a_{p-1}, v)`` with plain indices, ``v`` the register tile's vector index
-    (``index``). The buffer is ``T__p(v / block, a_1, ..., a_{p-1}, v % block)``: each panel of ``block``
-    columns is contiguous, so the micro-kernel's reduction loops read ``block`` consecutive elements per step
-    (GotoBLAS's packed B panel; a convolution's filter block). ``block`` is the register tile's width NR, and
-    the vector loop's lanes never leave one block: its tiles start at multiples of NR.
-
-    ``position`` is the dimension of the read that ``index`` addresses, -1 for the last. Another one packs
-    the read *transposed*: ``B(k, n)`` with ``index = k`` (position 0) becomes ``B__p(k / block, n, k %
-    block)``, so a vector loop along ``k`` reads consecutive elements (:func:`choose_members`).
-    """
-
-    statement: str
-    read: L.Access
-    index: str
-    block: int
-    position: int = -1
-
-
-def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index: str | None, nr: int,
-                   tile_v: int | None, reuse: int, force: bool = False,
-                   constants: frozenset = frozenset()) -> Packing | None:
-    """The read of ``stmt`` worth packing for a register tile over ``(u_index, v_index)`` of width ``nr``,
-    or None. ``tile_v`` is the cache tile size of the vector member (None: not tiled), ``reuse`` how many
-    register-tile rows read each panel. Chosen: an input tensor read with distinct plain indices (and
-    integer literals: a 1x1 convolution's ``W(c, 0, 0, m)``), last ``v_index``, none ``u_index`` (every row
-    of the register tile reads it), some reduction index, and in which a step of some reduction index jumps
-    at least PACK_MIN_ROW_BYTES. ``force`` drops the two thresholds (jump, reuse), not the conditions that
-    make the layout correct; so does a read of a tensor in ``constants``, which the caller packs once
-    (measured, 1 thread: the BERT, GPT and ViT models of ``scripts/model_zoo.py`` 8-18% faster on AVX2 and
-    AVX-512 with all their weights packed, ResNet-50 unchanged)."""
-    if u_index is None or v_index is None or (tile_v is not None and tile_v % nr):
-        return None
-    if stmt.op not in ("+=", "*=", "max=", "min="):
-        return None
-    written = {s.tensor for s in scop.statements}
-    for read in accesses_in(stmt.rhs):
-        tensor = scop.tensor(read.tensor)
-        if tensor.name in written or len(read.args) < 2 \
-                or not all(_plain_index(a) or _constant_index(a) for a in read.args):
-            continue
-        names = [a.name for a in read.args if _plain_index(a)]
-        if (len(set(names)) != len(names) or not _plain_index(read.args[-1]) or names[-1] != v_index
-                or u_index in names or all(n in stmt.lhs for n in names)):
-            continue
-        if not (force or (tensor.name in constants and sole_read(scop, stmt.name, read))) and (
-                reuse < PACK_MIN_REUSE
-                or jump_bytes(read, [i for i in names if i not in stmt.lhs], stmt, scop) < PACK_MIN_ROW_BYTES):
-            continue
-        return Packing(stmt.name, read, v_index, nr)
-    return None
-
-
-def _plain_index(arg: L.Expr) -> bool:
-    """Whether ``arg`` is an index name on its own."""
-    return isinstance(arg, L.Ident) and arg.kind == "index"
-
-
-def _constant_index(arg: L.Expr) -> bool:
-    """Whether ``arg`` is an integer literal (a 1x1 convolution's window coordinate ``W(c, 0, 0, m)``)."""
-    return isinstance(arg, L.Const) and isinstance(arg.value, int) and not isinstance(arg.value, bool)
-
-
-def sole_read(scop: Scop, statement: str, read: L.Access) -> bool:
-    """Whether ``read`` (of statement ``statement``) is the only read of its tensor in the whole Scop (no
-    other statement reads it, and it is not read twice or inside an index): a constant input can then
-    arrive packed instead of being copied (:func:`polyc.poly.promote.promote`)."""
-    count = 0
-    for stmt in scop.statements:
-        for access in accesses_in(stmt.rhs):
-            if access.tensor == read.tensor:
-                count += 1
-                if stmt.name != statement or access != read:
-                    return False
-    return count == 1
-
 
 def mark_parallel(node: isl.ScheduleNode, hint: isl.Set | None = None) -> isl.ScheduleNode:
     """Mark the outermost loop the band really generates ``parallel`` — if it is coincident.

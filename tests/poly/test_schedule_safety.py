@@ -612,3 +612,52 @@ def test_convolutions_streaming_weight_slivers_match_numpy(cpu, monkeypatch):
             w_packed = packed_array(w, nr)
             packed.run_pointers([x.ctypes.data, w_packed.ctypes.data, out.ctypes.data])
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_packed_order_follows_the_loops():
+    """packing.packed_order: the packed read's other dimensions sorted by the loop that runs their index
+    (literals and indices no loop runs first), () when that is their own order; packed_array lays them out so."""
+    from polyc.lang import ast as L
+    from polyc.poly.packing import packed_order
+
+    def read(*names):
+        return L.Access("W", tuple(L.Const(0, None, "int32") if n == 0 else L.Ident(n, None, "int32", "index")
+                                   for n in names), None, "float32")
+    assert packed_order(read("c", "a", "b", "m"), ["h", "w", "m", "a", "c", "b"]) == (1, 0, 2)
+    assert packed_order(read("c", "a", "b", "m"), ["h", "w", "m", "c", "a", "b"]) == ()
+    assert packed_order(read("c", 0, 0, "m"), ["h", "w", "m", "c"]) == (1, 2, 0)  # literals outermost
+    assert packed_order(read("k", "n"), ["m", "n", "k"]) == ()
+    w = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    p = packed_array(w, 4, (1, 0, 2))
+    assert p.shape == (2, 3, 2, 4, 4)
+    assert p[1, 2, 1, 3, 0] == w[1, 2, 3, 4] and not p[1, 2, 1, 3, 1:].any()  # the last panel's tail is zero
+
+
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+@pytest.mark.parametrize("channels,order", [(64, (1, 0, 2)), (40, ())])
+def test_a_convolution_packs_its_weights_in_loop_order(cpu, channels, order, monkeypatch, tmp_path):
+    """A 3x3 convolution channels-last over weights W(c, kh, kw, m) packs them in each panel in the order its
+    loops run them: kh, c, kw where isl's schedule runs them so (64 channels), their own order where it runs
+    c, kh, kw (40), as a constant packed by the caller (also from the disk cache, which keeps the order) and
+    as a local copy, on 1 and 2 threads: numpy's result."""
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    src = "def c3(float(H,W,C) X, float(C,3,3,M) Wt) -> (Y) { Y(h,w,m) +=! X(h+a,w+b,c) * Wt(c,a,b,m) }"
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((9, 11, channels)).astype(np.float32)
+    w = rng.standard_normal((channels, 3, 3, 72)).astype(np.float32)
+    want = np.zeros((7, 9, 72))
+    for a in range(3):
+        for b in range(3):
+            want += x[a:a + 7, b:b + 9].astype(np.float64) @ w[:, a, b].astype(np.float64)
+    for threads in (1, 2):
+        for attempt in range(2):  # compiled, then loaded from the disk cache by a new Kernel
+            kernel = polyc.define(src, options=Options(threads=threads))
+            np.testing.assert_allclose(kernel(x, w), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+            packed = kernel.specialize_sizes({"H": 9, "W": 11, "C": channels, "M": 72}, constants=frozenset({"Wt"}))
+            spec = packed.inputs[1]
+            assert spec.packed and spec.packed_order == order
+            out = np.zeros(want.shape, np.float32)
+            w_packed = packed_array(w, spec.packed, spec.packed_order)
+            packed.run_pointers([x.ctypes.data, w_packed.ctypes.data, out.ctypes.data])
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
