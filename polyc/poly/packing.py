@@ -107,11 +107,15 @@ def loop_order(node: isl.ScheduleNode, stmt: PolyStatement) -> list:
 
 def packed_order(read: L.Access, loops: list) -> tuple:
     """:attr:`Packing.order` for ``read`` (its last dimension the vector one) under loops running the indices
-    ``loops`` outermost first: the other dimensions sorted by their index's loop (an integer literal or an
-    index no loop runs as itself keeps its place among the outermost), ``()`` when that changes nothing."""
+    ``loops`` outermost first: the other dimensions sorted by their index's loop (an index no loop runs as
+    itself among the outermost; an integer literal, a dimension of extent 1, stays after the dimension before
+    it: a 1x1 convolution's ``W(c, 0, 0, m)`` keeps its layout), ``()`` when that changes nothing."""
     rank = {i: k for k, i in enumerate(loops)}
     others = read.args[:-1]
-    keys = [(rank.get(a.name, -1) if plain_index(a) else -1, d) for d, a in enumerate(others)]
+    keys, previous = [], -1
+    for d, a in enumerate(others):
+        previous = (rank.get(a.name, -1) if plain_index(a) else previous)
+        keys.append((previous, d))
     order = tuple(d for _, d in sorted(keys))
     return () if order == tuple(range(len(others))) else order
 

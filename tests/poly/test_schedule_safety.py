@@ -616,7 +616,8 @@ def test_convolutions_streaming_weight_slivers_match_numpy(cpu, monkeypatch):
 
 def test_packed_order_follows_the_loops():
     """packing.packed_order: the packed read's other dimensions sorted by the loop that runs their index
-    (literals and indices no loop runs first), () when that is their own order; packed_array lays them out so."""
+    (indices no loop runs first, literals after the dimension before them), () when that is their own order;
+    packed_array lays them out so."""
     from polyc.lang import ast as L
     from polyc.poly.packing import packed_order
 
@@ -625,7 +626,9 @@ def test_packed_order_follows_the_loops():
                                    for n in names), None, "float32")
     assert packed_order(read("c", "a", "b", "m"), ["h", "w", "m", "a", "c", "b"]) == (1, 0, 2)
     assert packed_order(read("c", "a", "b", "m"), ["h", "w", "m", "c", "a", "b"]) == ()
-    assert packed_order(read("c", 0, 0, "m"), ["h", "w", "m", "c"]) == (1, 2, 0)  # literals outermost
+    assert packed_order(read("c", 0, 0, "m"), ["h", "w", "m", "c"]) == ()  # literals stay with their neighbour
+    assert packed_order(read("b", "c", 0, "m"), ["b", "h", "m", "c"]) == ()
+    assert packed_order(read("c", 0, "a", "m"), ["h", "a", "c"]) == (2, 0, 1)
     assert packed_order(read("k", "n"), ["m", "n", "k"]) == ()
     w = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
     p = packed_array(w, 4, (1, 0, 2))
