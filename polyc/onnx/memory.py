@@ -34,14 +34,19 @@ class MemoryPlan:
 
     def root(self, tensor: str) -> str:
         """The tensor whose memory ``tensor`` uses (itself unless it is an alias)."""
-        while tensor in self.alias:
-            tensor = self.alias[tensor]
-        return tensor
+        return _root(self.alias, tensor)
 
     def __str__(self) -> str:
         saved = 1 - self.arena_bytes / self.total_bytes if self.total_bytes else 0.0
         return (f"arena {self.arena_bytes / 2**20:.2f} MiB for {len(self.offsets)} intermediates of "
                 f"{self.total_bytes / 2**20:.2f} MiB in total ({saved:.0%} saved by sharing)")
+
+
+def _root(alias: dict, tensor: str) -> str:
+    """The tensor whose memory ``tensor`` uses under ``alias`` (view or in-place output -> its tensor)."""
+    while tensor in alias:
+        tensor = alias[tensor]
+    return tensor
 
 
 def _liveness(g: nx.DiGraph, groups: list, scratch: dict, inplace: dict) -> tuple:
@@ -52,9 +57,7 @@ def _liveness(g: nx.DiGraph, groups: list, scratch: dict, inplace: dict) -> tupl
     alias, first, last = {}, {}, {}
 
     def root(t):
-        while t in alias:
-            t = alias[t]
-        return t
+        return _root(alias, t)
     for k, gr in enumerate(groups):
         for t in gr.inputs:
             r = root(t)
@@ -87,12 +90,7 @@ def dying_inputs(g: nx.DiGraph, groups: list) -> dict:
     become the memory of an output of the same shape and dtype (an in-place update, :func:`plan_memory`'s
     ``inplace``)."""
     _, alias, first, last = _liveness(g, groups, {}, {})
-
-    def root(t):
-        while t in alias:
-            t = alias[t]
-        return t
-    return {gr.name: frozenset(t for t in gr.inputs if root(t) in first and last[root(t)] == k)
+    return {gr.name: frozenset(t for t in gr.inputs if _root(alias, t) in first and last[_root(alias, t)] == k)
             for k, gr in enumerate(groups) if gr.kind != "alias"}
 
 
