@@ -17,6 +17,13 @@ statement calls; a statement index is not affine in the iterator; a read or writ
 than 0 or 1 (or the write is invariant: a reduction along the loop); or a read is data-dependent (a gather).
 The mark promises that the loop carries no dependence, so statements of one iteration may run for W
 iterations at once.
+
+A loop with constant bounds of at most :data:`MAX_STRAIGHT_STEPS` vector steps (a register tile's NR
+columns) is emitted straight-line instead, the same steps without the loop: the accumulators of a register
+tile then sit at constant offsets when LLVM's LICM lifts them out of the reduction loop, so its GVN/DSE
+forward the initial value into registers. In loop form LoopIdiom turned the init into a ``memset`` that
+was stored and loaded back, and with the output's lines not in cache the reload waited for the read for
+ownership: ResNet-50's 1x1 256->128 convolution at 56x56 took 0.97 ms in the model instead of 0.81.
 """
 from __future__ import annotations
 
@@ -56,10 +63,6 @@ def emit_vector_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Bl
     it = node.for_get_iterator().get_id().name
     users = user_nodes(node.for_get_body())
 
-    b = ir.IRBuilder(block)
-    init, last, n = emit_trip_count(r, bounds, b)
-    vector_end = b.add(init, b.mul(b.sdiv(n, ir.Constant(I64, lanes)), ir.Constant(I64, lanes)))
-
     def vector_body(width: int):
         def fill(blk: ir.Block) -> ir.Block:
             bb = ir.IRBuilder(blk)
@@ -67,6 +70,17 @@ def emit_vector_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Bl
                 _emit_vector_statement(k, r, user, width, strides, bb)
             return bb.block
         return fill
+
+    steps = _constant_steps(bounds, lanes)
+    if steps is not None:  # straight-line: no loop, so no init store and reload of a register tile
+        for start, width in steps:
+            fill = vector_body(width) if width > 1 else lambda blk: _emit_scalar(k, r, users, blk)
+            block = with_id(r, it, ir.Constant(I64, start), lambda blk=block, fill=fill: fill(blk))
+        return block
+
+    b = ir.IRBuilder(block)
+    init, last, n = emit_trip_count(r, bounds, b)
+    vector_end = b.add(init, b.mul(b.sdiv(n, ir.Constant(I64, lanes)), ir.Constant(I64, lanes)))
 
     after = emit_loop(r, b.block, it, init, lambda bb, iv: bb.icmp_signed("<", iv, vector_end),
                       ir.Constant(I64, lanes), vector_body(lanes))
@@ -83,6 +97,32 @@ def emit_vector_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Bl
         start, width = stop, width // 2
     return emit_loop(r, after, it, start, lambda bb, iv: bb.icmp_signed("<=", iv, last),
                      ir.Constant(I64, 1), lambda blk: _emit_scalar(k, r, users, blk))
+
+
+#: A vector loop with constant bounds of at most this many vector steps is emitted straight-line.
+MAX_STRAIGHT_STEPS = 4
+
+
+def _constant_steps(bounds, lanes: int) -> list[tuple[int, int]] | None:
+    """``[(first iterator value, width)...]`` covering a loop with constant bounds in at most
+    :data:`MAX_STRAIGHT_STEPS` steps of ``lanes`` (then narrower powers of two, then scalars, as the loop
+    form's remainder), or None. Straight-line code leaves the register tile's accumulators at constant
+    offsets, so LLVM keeps them in registers instead of storing the initial value and loading it back."""
+    init_expr, parts, _ = bounds
+    if init_expr.get_type() != isl.ast_expr_type.int or any(e.get_type() != isl.ast_expr_type.int for e, _ in parts):
+        return None
+    first = init_expr.get_val().to_python()
+    last = min(e.get_val().to_python() + off for e, off in parts)
+    n = last - first + 1
+    if n <= 0 or n // lanes > MAX_STRAIGHT_STEPS:
+        return None
+    steps, at, width = [], first, lanes
+    while at <= last:
+        while width > 1 and at + width - 1 > last:
+            width //= 2
+        steps.append((at, width))
+        at += width
+    return steps if len(steps) <= 2 * MAX_STRAIGHT_STEPS else None
 
 
 def _emit_scalar(k: KernelEmitter, r: Region, users: list[isl.AstNode], block: ir.Block) -> ir.Block:

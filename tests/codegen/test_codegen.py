@@ -6,6 +6,7 @@ schedules in isl text, runs the kernel on numpy arrays through ctypes and checks
 import ctypes
 import dataclasses
 import math
+import re
 
 import islpy as isl
 import numpy as np
@@ -724,16 +725,61 @@ def test_isl_max_min_from_bounds():
 # ---- vector and unroll marks ----
 
 @pytest.mark.parametrize("bits", [128, 256, 512])
-@pytest.mark.parametrize("n", [1, 7, 37, 64])
+@pytest.mark.parametrize("n", [1, 7, 24, 37, 40, 64])
 def test_vector_mark_matmul(bits, n):
     target = dataclasses.replace(TARGET, vector_bits=bits)
     scop = matmul_scop(n=n)
     text, jit = compile_scop(scop, matmul_schedule(scop, vector=True), target=target)
-    assert (f"<{bits // 32} x float>" in text) == (n > 1)  # isl makes a 1-iteration loop degenerate
+    # isl makes a 1-iteration loop degenerate; a constant loop narrower than the target's vector runs as
+    # narrower vectors (7 floats: 4 + 2 + 1)
+    assert (" x float>" in text) == (n > 1)
+    assert (f"<{bits // 32} x float>" in text) == (n >= bits // 32)
     arrays = matmul_arrays(n=n)
     arrays["C"] = np.full((M, n), np.nan, dtype="float32")
     assert call_kernel(jit, scop, arrays) == 0
     check_matmul(arrays)
+
+
+def _for_node(extent):
+    """The isl AST ``for`` of ``{ S[i] : 0 <= i < extent }``."""
+    domain = isl.UnionSet(f"{{ S[i] : 0 <= i < {extent} }}")
+    schedule = isl.Schedule.from_domain(domain).insert_partial_schedule(isl.MultiUnionPwAff("[{ S[i] -> [(i)] }]"))
+    return isl.AstBuild.from_context(isl.Set("{ : }")).node_from_schedule(schedule)
+
+
+@pytest.mark.parametrize("extent, lanes, steps", [
+    (32, 16, [(0, 16), (16, 16)]),                 # AVX-512 NR: two vectors, no loop
+    (16, 8, [(0, 8), (8, 8)]),                     # AVX2 NR
+    (7, 8, [(0, 4), (4, 2), (6, 1)]),              # narrower than a vector: 4 + 2 + 1
+    (40, 16, [(0, 16), (16, 16), (32, 8)]),
+    (64, 16, [(0, 16), (16, 16), (32, 16), (48, 16)]),
+    (72, 16, [(0, 16), (16, 16), (32, 16), (48, 16), (64, 8)]),
+    (80, 16, None),                                # more than MAX_STRAIGHT_STEPS vectors: a loop
+    (64, 8, None)])
+def test_constant_vector_loops_run_straight_line(extent, lanes, steps):
+    from polyc.codegen.vector import _constant_steps
+    from polyc.codegen.region import loop_bounds
+    assert _constant_steps(loop_bounds(_for_node(extent)), lanes) == steps
+
+
+def test_a_register_tile_starts_in_registers(monkeypatch, capfd):
+    """A GEMM's register tile (init, k loop, epilogue) keeps its accumulators in registers: the optimized IR
+    stores no zero vector (nor a memset) to the output to load it back before the k loop (with the output's
+    lines not in cache, that reload waits for memory)."""
+    monkeypatch.setenv("POLYC_CACHE_DIR", "off")
+    src = """def mm(float(64,256) A, float(256,64) B) -> (C) {
+        C(m,n) +=! A(m,k) * B(k,n)
+    }"""
+    with polyc.debug.override(6):
+        compiled = polyc.define(src, options=Options(threads=1)).specialize_sizes({})
+    optimized = "".join(part for part in capfd.readouterr().err.split("---- optimized llvm")[1:]
+                        if "polyc.mm.body" in part)
+    a = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal((256, 64)).astype(np.float32)
+    np.testing.assert_allclose(compiled(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    assert "fmul contract <16 x float>" in optimized or "fmul contract <8 x float>" in optimized
+    assert "llvm.memset" not in optimized
+    assert not re.search(r"store <\d+ x float> zeroinitializer", optimized)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
