@@ -6,7 +6,7 @@
     graph, strings = split_strings(graph)       # string ops: a stage the host runs before the kernels
     check_shapes(graph); check_sizes(graph)     # every node's shapes fit its op; fits in memory
     check_supported(graph)                      # every unsupported node listed at once
-    groups = fusion_groups(graph)               # which nodes become one kernel
+    groups = concat_views(graph, fusion_groups(graph))  # which nodes become one kernel; copy-free Concats
     kernels = lower_groups(graph, groups)       # one TC def per kernel group
     steps = compile_kernels(kernels, options)   # polyc.define(...) + signature: shapes, no native code yet
     plan = plan_memory(graph, groups, scratch)  # one arena by liveness (the kernels' temporaries included)
@@ -30,7 +30,7 @@ from .fusion import fusion_groups, groups_summary
 from .graph import TensorInfo, from_model
 from .load import ModelLike, feed_initializers, load_model, overridable_initializers, read_model
 from .lower import check_supported, lower_groups
-from .memory import plan_memory
+from .memory import concat_views, plan_memory
 from .ops import CONSTANT_INPUTS
 from .passes import simplify
 from .steps import Program, Step, scratch_name
@@ -331,7 +331,7 @@ def _front(model_or_path, options, input_shapes, progress, stage: list) -> dict:
     check_supported(graph)
     t = time.perf_counter()
     stage[0] = "lowering the fusion groups to TC"
-    groups = fusion_groups(graph)
+    groups = concat_views(graph, fusion_groups(graph))
     kernels = lower_groups(graph, groups)
     seconds["lower"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -75,7 +75,14 @@ class PythonExecutor:
         return {"arena": arena, "views": views, "temps": temps}
 
     def _array(self, name: str, feeds: dict, views: dict) -> np.ndarray:
-        root = self.program.plan.root(name)
+        plan = self.program.plan
+        root = plan.root(name)
+        offset = plan.byte_offset(name)
+        if offset or (root in views and name in self.program.tensors
+                       and self.program.tensors[name].nbytes < views[root].nbytes):  # a block of its root
+            info = self.program.tensors[name]
+            raw = views[root].reshape(-1).view(np.uint8)[offset:offset + info.nbytes]
+            return raw.view(np.dtype(info.dtype)).reshape(info.shape)
         if root in views:
             base = views[root]
         elif root in feeds:

@@ -117,10 +117,10 @@ def _is_empty(g: nx.DiGraph, name: str) -> bool:
 
 
 def lower_group(g: nx.DiGraph, group: Group, dying: frozenset = frozenset()) -> LoweredKernel | None:
-    """The TC def of a kernel group (None for an alias group, and for a group whose outputs are all empty:
-    their storage, of 0 bytes, is all there is to them). An empty output is not returned by the def.
+    """The TC def of a kernel group (None for an alias or view group, and for a group whose outputs are all
+    empty: their storage, of 0 bytes, is all there is to them). An empty output is not returned by the def.
     ``dying``: the group's inputs whose memory an output may take over (:func:`fold_residual`)."""
-    if group.kind == "alias" or all(_is_empty(g, t) for t in group.outputs):
+    if group.kind in ("alias", "view") or all(_is_empty(g, t) for t in group.outputs):
         return None
     b = Builder(g, group)
     for nid in group.nodes:
@@ -177,10 +177,13 @@ def lower_group(g: nx.DiGraph, group: Group, dying: frozenset = frozenset()) -> 
 
 
 def lower_groups(g: nx.DiGraph, groups: list) -> list:
-    """:func:`lower_group` over every group, in order (None entries for alias groups), each with the inputs
-    whose memory its outputs may take over (:func:`polyc.onnx.memory.dying_inputs`)."""
+    """:func:`lower_group` over every group, in order (None entries for alias and view groups), each with the
+    inputs whose memory its outputs may take over (:func:`polyc.onnx.memory.dying_inputs`; none for a group
+    that writes an input of a view group: that output's memory is a block of the view's)."""
     dying = dying_inputs(g, groups)
-    return [lower_group(g, gr, dying.get(gr.name, frozenset())) for gr in groups]
+    in_views = {t for gr in groups if gr.kind == "view" for t in g.nodes[gr.nodes[0]]["inputs"]}
+    return [lower_group(g, gr, frozenset() if in_views & set(gr.outputs) else dying.get(gr.name, frozenset()))
+            for gr in groups]
 
 
 # ---- the supported-op check ------------------------------------------------------------------------------------

@@ -54,9 +54,10 @@ class Layout:
 
     def where(self, tensor: str) -> tuple[int, int]:
         """``(slot, byte offset)`` of a tensor's storage."""
-        root = self.program.plan.root(tensor)
-        if root in self.program.plan.offsets:
-            return 0, int(self.program.plan.offsets[root])
+        plan = self.program.plan
+        root = plan.root(tensor)
+        if root in plan.offsets:
+            return 0, int(plan.offsets[root]) + plan.byte_offset(tensor)
         if root in self.input_slots:
             return self.input_slots[root], 0
         if root in self.constant_slots:

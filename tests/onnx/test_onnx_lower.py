@@ -380,3 +380,117 @@ def test_a_residual_add_updates_the_residual_in_place(residual_is_output):
     for _ in range(2):
         for got, w in zip(python_driven.run({"x": x}), want):
             np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
+
+
+def _dense_block_model(layers=3, growth=4, width=6, size=7, extra=None):
+    """A DenseNet-style block, NCHW: ``x_{l+1} = Concat(x_l, Relu(Conv(x_l)))`` on the channel axis, ending in a
+    1x1 Conv; ``extra`` adds nodes reading the block's tensors (a test's odd cases)."""
+    rng = np.random.default_rng(3)
+    nodes, inits, c = [helper.make_node("Relu", ["x"], ["x0"])], [], width
+    for k in range(layers):
+        w = numpy_helper.from_array(rng.normal(0, 0.3, (growth, c, 3, 3)).astype(np.float32), f"w{k}")
+        inits.append(w)
+        nodes += [helper.make_node("Conv", [f"x{k}", f"w{k}"], [f"c{k}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{k}"], [f"f{k}"]),
+                  helper.make_node("Concat", [f"x{k}", f"f{k}"], [f"x{k + 1}"], axis=1)]
+        c += growth
+    inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (5, c, 1, 1)).astype(np.float32), "wo"))
+    nodes.append(helper.make_node("Conv", [f"x{layers}", "wo"], ["y"]))
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if extra is not None:
+        more, more_outputs, *more_inits = extra(layers)
+        nodes += more
+        inits += more_inits
+        outputs += [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in more_outputs]
+    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                             [1, width, size, size])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return _with_output_shapes(model)
+
+
+def _with_output_shapes(model):
+    """``model`` with its outputs' shapes filled in by onnx's shape inference (the checker wants them)."""
+    import onnx
+    inferred = onnx.shape_inference.infer_shapes(model)
+    known = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    for out in model.graph.output:
+        if not out.type.tensor_type.HasField("shape") and out.name in known:
+            out.type.CopyFrom(known[out.name].type)
+    return model
+
+
+def _same_as_onnxruntime(model, x, views):
+    """Compile ``model``, check its view groups' count and every output against onnxruntime, with the native
+    program and the Python-driven executor, two runs each, at 1 and 2 threads; return the compiled model."""
+    import onnxruntime as ort
+    from polyc import Options
+    from polyc.onnx.executor import PythonExecutor
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for threads in (1, 2):
+        compiled = polyc.onnx.compile(model, Options(threads=threads), progress=False)
+        assert sum(gr.kind == "view" for gr in compiled.groups) == views
+        for run in (compiled.run, PythonExecutor(compiled.executor.program).run):
+            for _ in range(2):
+                for got, w in zip(run({"x": x}), want):
+                    np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5)
+    return compiled
+
+
+def test_a_channel_concat_is_written_in_place_by_its_producers():
+    """Each Concat of a dense block (channels of a batch-1 NCHW tensor: contiguous blocks) becomes a view
+    group: no kernel, its inputs views at byte offsets of its output (nested: x1 is a block of x2, which is a
+    block of x3), the output alive from its first block's write; results equal onnxruntime's."""
+    model = _dense_block_model()
+    x = np.random.default_rng(4).normal(0, 1, (1, 6, 7, 7)).astype(np.float32)
+    compiled = _same_as_onnxruntime(model, x, views=3)
+    plan = compiled.plan
+    assert not any(k is not None and "Concat" in k.name for k in compiled.kernels)
+    assert {plan.root(t) for t in ("x0", "f0", "x1", "f1", "x2", "f2", "x3")} == {plan.root("x3")}
+    plane = 7 * 7 * 4
+    assert [plan.byte_offset(t) for t in ("x0", "f0", "f1", "f2")] == [0, 6 * plane, 10 * plane, 14 * plane]
+    assert plan.byte_offset("x2") == 0 and plan.byte_offset("x3") == 0
+    first, _ = plan.lifetimes[plan.root("x3")]
+    writes_x0 = next(k for k, gr in enumerate(compiled.groups) if "x0" in gr.outputs)
+    assert first == writes_x0
+
+
+@pytest.mark.parametrize("case", ["part_is_output", "part_read_twice", "input_part", "outer_axis", "part_reused",
+                                  "residual_over_block"])
+def test_a_concat_stays_a_copy_where_a_view_would_be_wrong(case):
+    """A Concat keeps its kernel when an input is a graph output or a graph input, when its axis is not
+    the outermost non-unit one (blocks would not be contiguous), and an input is taken by one view only; an
+    input read by other nodes as well stays a view; a residual Add whose residual is a block of a tensor the
+    same kernel reads is not folded onto it. Results equal onnxruntime's in every case."""
+    x = np.random.default_rng(5).normal(0, 1, (1, 6, 7, 7)).astype(np.float32)
+    if case == "part_is_output":  # f0 and (through an Identity, which the graph passes remove) f1 are outputs
+        model = _dense_block_model(extra=lambda n: ([helper.make_node("Identity", ["f1"], ["f1_out"])],
+                                                    ["f1_out"]))
+        model.graph.output.append(helper.make_tensor_value_info("f0", TensorProto.FLOAT, None))
+        model, views = _with_output_shapes(model), 1  # only x3 = Concat(x2, f2)
+    elif case == "part_read_twice":  # f0 and x1 also feed a Sigmoid, x1 a Sum: views all the same
+        model, views = _dense_block_model(extra=lambda n: (
+            [helper.make_node("Sigmoid", ["f0"], ["s"]), helper.make_node("Sum", ["x1", "x1"], ["t"])],
+            ["s", "t"])), 3
+    elif case == "input_part":  # a Concat of the graph input itself
+        model, views = _dense_block_model(extra=lambda n: (
+            [helper.make_node("Sigmoid", ["f0"], ["s"]), helper.make_node("Concat", ["x", "s"], ["xi"], axis=1)],
+            ["xi"])), 3
+    elif case == "outer_axis":  # along the height of 4-channel tensors: blocks interleave
+        model, views = _dense_block_model(extra=lambda n: (
+            [helper.make_node("Sigmoid", ["f0"], ["s"]), helper.make_node("Tanh", ["f1"], ["t"]),
+             helper.make_node("Concat", ["s", "t"], ["h"], axis=2)], ["h"])), 3
+    elif case == "part_reused":  # f1 in two Concats: the second copies
+        model, views = _dense_block_model(extra=lambda n: (
+            [helper.make_node("Concat", ["f1", "f2"], ["z"], axis=1)], ["z"])), 3
+    else:  # Conv(x3) + f0 last reads x3: f0 dies there but is a block of x3, so the sum may not overwrite it
+        rng = np.random.default_rng(8)
+
+        def extra(n):
+            return ([helper.make_node("Conv", [f"x{n}", "wr"], ["cr"]), helper.make_node("Add", ["cr", "f0"], ["r"]),
+                     helper.make_node("Relu", ["r"], ["rr"])], ["rr"],
+                    numpy_helper.from_array(rng.normal(0, 0.3, (4, 18, 1, 1)).astype(np.float32), "wr"))
+        model, views = _dense_block_model(extra=extra), 3
+    compiled = _same_as_onnxruntime(model, x, views)
+    if case == "residual_over_block":
+        assert not any(k.inplace for k in compiled.kernels if k is not None)
