@@ -251,9 +251,13 @@ def emit_if(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> 
     join = b.append_basic_block("if.end")
     else_block = b.append_basic_block("if.else") if node.if_has_else_node() else join
     b.cbranch(cond, then_block, else_block)
-    ir.IRBuilder(emit_node(k, r, node.if_get_then_node(), then_block)).branch(join)
-    if node.if_has_else_node():
-        ir.IRBuilder(emit_node(k, r, node.if_get_else_node(), else_block)).branch(join)
+    outer, r.guarded = r.guarded, True
+    try:
+        ir.IRBuilder(emit_node(k, r, node.if_get_then_node(), then_block)).branch(join)
+        if node.if_has_else_node():
+            ir.IRBuilder(emit_node(k, r, node.if_get_else_node(), else_block)).branch(join)
+    finally:
+        r.guarded = outer
     return join
 
 

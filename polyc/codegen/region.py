@@ -51,6 +51,9 @@ class Region:
     tensors: dict[str, ir.Value]
     ids: dict[str, ir.Value] = field(default_factory=dict)
     in_parallel: bool = False
+    #: set while the branches of an ``if`` node are emitted (:func:`polyc.codegen.vector.emit_vector_for` keeps
+    #: a guarded vector loop in loop form)
+    guarded: bool = False
     #: tensor → (alias scopes, noalias scopes) its loads and stores carry here (:func:`disjoint_copies`)
     alias: dict[str, tuple[list, list]] = field(default_factory=dict)
     _fail: ir.Block | None = None
