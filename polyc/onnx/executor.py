@@ -77,10 +77,9 @@ class PythonExecutor:
     def _array(self, name: str, feeds: dict, views: dict) -> np.ndarray:
         plan = self.program.plan
         root = plan.root(name)
-        offset = plan.byte_offset(name)
-        if offset or (root in views and name in self.program.tensors
-                       and self.program.tensors[name].nbytes < views[root].nbytes):  # a block of its root
-            info = self.program.tensors[name]
+        info = self.program.tensors.get(name)
+        if root in views and info is not None and info.nbytes < views[root].nbytes:  # a block of a Concat view
+            offset = plan.byte_offset(name)
             raw = views[root].reshape(-1).view(np.uint8)[offset:offset + info.nbytes]
             return raw.view(np.dtype(info.dtype)).reshape(info.shape)
         if root in views:

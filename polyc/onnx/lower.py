@@ -37,7 +37,7 @@ from ..errors import CompileError, PolycError, UnsupportedError
 from .builder import STORAGE, Builder, Val, rounded, tc_type
 from .fusion import Group
 from .load import MIN_OPSET
-from .memory import dying_inputs
+from .memory import dying_inputs, view_blocks
 from .ops import CONVERTERS, check_node, converter
 from .sequences import supported_ops as sequence_ops
 from .strings import supported_ops as string_ops
@@ -181,7 +181,7 @@ def lower_groups(g: nx.DiGraph, groups: list) -> list:
     inputs whose memory its outputs may take over (:func:`polyc.onnx.memory.dying_inputs`; none for a group
     that writes an input of a view group: that output's memory is a block of the view's)."""
     dying = dying_inputs(g, groups)
-    in_views = {t for gr in groups if gr.kind == "view" for t in g.nodes[gr.nodes[0]]["inputs"]}
+    in_views = set(view_blocks(g, groups))
     return [lower_group(g, gr, frozenset() if in_views & set(gr.outputs) else dying.get(gr.name, frozenset()))
             for gr in groups]
 

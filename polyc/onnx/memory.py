@@ -68,12 +68,9 @@ def _liveness(g: nx.DiGraph, groups: list, scratch: dict, inplace: dict) -> tupl
     or an in-place output to the tensor whose memory it uses, ``first``/``last`` the first and last group
     index of each root (``len(groups)`` for the graph's outputs)."""
     tensors = dict(g.graph["tensors"])
-    alias, first, last = {}, {}, {}
-    for gr in groups:  # a view group's inputs are in its output's memory before their producers run
-        if gr.kind == "view":
-            node = g.nodes[gr.nodes[0]]
-            for t in node["inputs"]:
-                alias[t] = node["outputs"][0]
+    # a view group's inputs are in its output's memory before their producers run
+    alias = {t: out for t, (out, _) in view_blocks(g, groups).items()}
+    first, last = {}, {}
 
     def root(t):
         return _root(alias, t)
@@ -128,7 +125,7 @@ def concat_views(g: nx.DiGraph, groups: list) -> list:
     1: channels of a batch-1 NCHW tensor, as in DenseNet's blocks) and each input is a distinct, non-empty
     tensor of the output's dtype that a kernel group (or another view group) writes, that no graph output
     is, and that no other view takes. Its producers then write each input straight into its block of the
-    output (:func:`plan_memory` makes it a view at a byte offset, :func:`view_offsets`), so the Concat runs no
+    output (:func:`plan_memory` makes it a view at a byte offset, :func:`view_blocks`), so the Concat runs no
     kernel: OpenVINO's in-place concatenation. A kernel group writing such an input does not also take a
     dying input's memory (:func:`polyc.onnx.lower.lower_groups`).
     """
@@ -161,17 +158,17 @@ def concat_views(g: nx.DiGraph, groups: list) -> list:
     return result
 
 
-def view_offsets(g: nx.DiGraph, groups: list) -> dict:
-    """Input tensor of a view group -> its byte offset in the group's output (:func:`concat_views`)."""
-    offsets = {}
+def view_blocks(g: nx.DiGraph, groups: list) -> dict:
+    """Input tensor of a view group -> ``(the group's output, its byte offset in it)`` (:func:`concat_views`)."""
+    blocks = {}
     for gr in groups:
         if gr.kind == "view":
             node = g.nodes[gr.nodes[0]]
             at = 0
             for t in node["inputs"]:
-                offsets[t] = at
+                blocks[t] = (node["outputs"][0], at)
                 at += g.graph["tensors"][t].nbytes
-    return offsets
+    return blocks
 
 
 def plan_memory(g: nx.DiGraph, groups: list, scratch: dict | None = None, inplace: dict | None = None) -> MemoryPlan:
@@ -199,5 +196,6 @@ def plan_memory(g: nx.DiGraph, groups: list, scratch: dict | None = None, inplac
         offsets[t] = offset
         placed.append((offset, sizes[t], lo, hi))
     arena = _align(max((offsets[t] + sizes[t] for t in offsets), default=0))
+    views = {t: at for t, (_, at) in view_blocks(g, groups).items()}
     return MemoryPlan(offsets, sizes, alias, {t: (first[t], last[t]) for t in first}, arena,
-                      sum(_align(s) for s in sizes.values()), view_offsets(g, groups))
+                      sum(_align(s) for s in sizes.values()), views)
