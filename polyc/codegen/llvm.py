@@ -38,9 +38,8 @@ from ..poly.scop import Scop
 from ..poly.strategy import threads as thread_count
 from . import expr as X
 from .pool import declare_parallel_run
-from .region import (KernelEmitter, Region, disjoint_copies, emit_isl_expr, emit_loop, emit_trip_count, emit_user,
-                     loop_bounds,
-                     smax, smin, with_id)
+from .region import (KernelEmitter, Loop, Region, constant_terms, disjoint_copies, emit_isl_expr, emit_loop,
+                     emit_trip_count, emit_user, loop_bounds, smax, smin, trip_bound, with_id)
 from .sums import blocked_reduction_plan, emit_blocked_reduction
 from .vector import emit_vector_for
 from ..target import Target
@@ -297,8 +296,10 @@ def emit_sequential_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: i
         return with_id(r, it, init, lambda: emit_node(k, r, body, b.block))
     step = emit_isl_expr(r.ids, node.for_get_inc(), b)
     cond = node.for_get_cond()
-    return emit_loop(r, b.block, it, init, lambda bb, iv: emit_isl_expr(r.ids, cond, bb), step,
-                     lambda blk: emit_node(k, r, body, blk))
+    bounds = loop_bounds(node)
+    with r.in_loop(Loop(it, "sequential", bounds and bounds[2], trip_bound(node))):
+        return emit_loop(r, b.block, it, init, lambda bb, iv: emit_isl_expr(r.ids, cond, bb), step,
+                         lambda blk: emit_node(k, r, body, blk))
 
 
 def emit_unrolled_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
@@ -314,7 +315,7 @@ def emit_unrolled_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
     if bounds is None or bounds[0].get_type() != isl.ast_expr_type.int:
         return emit_sequential_for(k, r, node, block)
     init_expr, parts, step = bounds
-    constant_last = [v + off for e, off in parts for v in _constant_terms(e)]
+    constant_last = [v + off for e, off in parts for v in constant_terms(e)]
     if not constant_last:
         return emit_sequential_for(k, r, node, block)
     values = range(init_expr.get_val().to_python(), min(constant_last) + 1, step)
@@ -346,18 +347,10 @@ def emit_unrolled_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
         for tensor, own in scopes.items():
             mine, others = outer.get(tensor, ([], []))
             r.alias[tensor] = (mine + [own[j]], others + own[:j] + own[j + 1:])
-        block = with_id(r, it, ir.Constant(I64, value), lambda v=value, blk=block: copy(v, blk))
+        with r.in_loop(Loop(it, "unrolled", step, len(values), first=j == 0)):
+            block = with_id(r, it, ir.Constant(I64, value), lambda v=value, blk=block: copy(v, blk))
     r.alias = outer
     return block
-
-
-def _constant_terms(e: isl.AstExpr) -> list[int]:
-    """Integer constants ``c`` with ``e <= c``: ``e`` itself, or constant arguments of a ``min``."""
-    if e.get_type() == isl.ast_expr_type.int:
-        return [e.get_val().to_python()]
-    if e.get_type() == isl.ast_expr_type.op and e.get_op_type() == _OP.min:
-        return [v for i in range(e.get_op_n_arg()) for v in _constant_terms(e.get_op_arg(i))]
-    return []
 
 
 # ---- parallel loops on the thread pool (polyc.codegen.pool) ----
@@ -390,8 +383,9 @@ def emit_parallel_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
     sub, (lo, hi, *live_args) = k.new_region(f"{name}.body", ["lo", "hi"] + live, in_parallel=True)
     sub.ids.update(zip(live, live_args))
     body = node.for_get_body()
-    end = emit_loop(sub, sub.start, it, lo, lambda bb, iv: bb.icmp_signed("<=", iv, hi),
-                    ir.Constant(I64, step), lambda blk: emit_node(k, sub, body, blk))
+    with sub.in_loop(Loop(it, "parallel", step)):
+        end = emit_loop(sub, sub.start, it, lo, lambda bb, iv: bb.icmp_signed("<=", iv, hi),
+                        ir.Constant(I64, step), lambda blk: emit_node(k, sub, body, blk))
     ir.IRBuilder(end).ret(ir.Constant(I32, 0))
 
     n_tensors = len(k.pointer_names())

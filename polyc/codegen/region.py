@@ -11,6 +11,7 @@ expression into a value, and :func:`emit_user` emits one statement instance ``S(
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 from typing import Callable
@@ -38,6 +39,39 @@ _OP = isl.ast_expr_op_type
 SHADOWS = ".shadows"
 
 
+@dataclass(frozen=True)
+class Loop:
+    """One enclosing loop of the code being emitted (:attr:`Region.loops`): its iterator, how it is emitted
+    (``"sequential"``, ``"unrolled"`` (one copy), ``"vector"``, ``"parallel"``), its step, at most how many
+    times it runs (:func:`trip_bound`; None: unknown) and, for an unrolled copy, whether it is the first."""
+
+    name: str
+    kind: str
+    step: int | None = None
+    trip: int | None = None
+    first: bool = True
+
+
+def trip_bound(node: isl.AstNode) -> int | None:
+    """At most how many times ``for`` node ``node`` runs, when its init is an integer constant and its bound
+    has a constant part (``c7 <= min(127, -c3 + 299)``: 128); else None."""
+    bounds = loop_bounds(node)
+    if bounds is None or bounds[0].get_type() != isl.ast_expr_type.int:
+        return None
+    init, parts, step = bounds
+    last = [v + off for e, off in parts for v in constant_terms(e)]
+    return max(0, (min(last) - init.get_val().to_python()) // step + 1) if last else None
+
+
+def constant_terms(e: isl.AstExpr) -> list[int]:
+    """Integer constants ``c`` with ``e <= c``: ``e`` itself, or constant arguments of a ``min``."""
+    if e.get_type() == isl.ast_expr_type.int:
+        return [e.get_val().to_python()]
+    if e.get_type() == isl.ast_expr_type.op and e.get_op_type() == _OP.min:
+        return [v for i in range(e.get_op_n_arg()) for v in constant_terms(e.get_op_arg(i))]
+    return []
+
+
 @dataclass
 class Region:
     """One LLVM function under construction: its tensor pointers, the bound isl iterators, its fail block.
@@ -56,7 +90,19 @@ class Region:
     guarded: bool = False
     #: tensor → (alias scopes, noalias scopes) its loads and stores carry here (:func:`disjoint_copies`)
     alias: dict[str, tuple[list, list]] = field(default_factory=dict)
+    #: the loops around the code being emitted, outermost first (:func:`in_loop`; read by
+    #: :mod:`polyc.codegen.prefetch`)
+    loops: list[Loop] = field(default_factory=list)
     _fail: ir.Block | None = None
+
+    @contextlib.contextmanager
+    def in_loop(self, loop: Loop):
+        """Emit the body of ``loop`` within this context: it is on :attr:`loops` meanwhile."""
+        self.loops.append(loop)
+        try:
+            yield
+        finally:
+            self.loops.pop()
 
     def fail(self) -> ir.Block:
         """The block returning 1 (a data-dependent index was out of range), made on first use."""

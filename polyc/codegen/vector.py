@@ -39,8 +39,9 @@ from llvmlite import ir
 from ..lang import ast as L
 from ..poly.scop import identity_value
 from . import expr as X
-from .region import (KernelEmitter, Region, call_strides, emit_isl_expr, emit_loop, emit_trip_count, emit_user,
-                     loop_bounds, user_nodes, walk, with_id)
+from .region import (KernelEmitter, Loop, Region, call_strides, emit_isl_expr, emit_loop, emit_trip_count, emit_user,
+                     loop_bounds, trip_bound, user_nodes, walk, with_id)
+from .prefetch import emit_prefetches
 from .sums import compensated, fold_sum
 
 I64 = X.I64
@@ -63,22 +64,32 @@ def emit_vector_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Bl
             return emit_vector_reduction(k, r, node, block, *reduction)
         return None
     lanes, strides = plan
+    it = node.for_get_iterator().get_id().name
+    with r.in_loop(Loop(it, "vector", 1, trip_bound(node))):
+        return _emit_vector_loop(k, r, node, block, lanes, strides)
+
+
+def _emit_vector_loop(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block, lanes: int,
+                      strides: dict[str, dict[str, int]]) -> ir.Block:
+    """The vector steps of :func:`emit_vector_for` (straight-line, or loops and the scalar remainder)."""
     bounds = loop_bounds(node)
     it = node.for_get_iterator().get_id().name
     users = user_nodes(node.for_get_body())
 
-    def vector_body(width: int):
+    def vector_body(width: int, offset: int | None = None):
         def fill(blk: ir.Block) -> ir.Block:
             bb = ir.IRBuilder(blk)
             for user in users:
                 _emit_vector_statement(k, r, user, width, strides, bb)
+                emit_prefetches(k, r, user, offset, bb)
             return bb.block
         return fill
 
     steps = None if r.guarded else _constant_steps(bounds, lanes)
     if steps is not None:  # straight-line: no loop, so no init store and reload of a register tile
         for start, width in steps:
-            fill = vector_body(width) if width > 1 else lambda blk: _emit_scalar(k, r, users, blk)
+            fill = vector_body(width, start - steps[0][0]) if width > 1 \
+                else lambda blk: _emit_scalar(k, r, users, blk)
             block = with_id(r, it, ir.Constant(I64, start), lambda blk=block, fill=fill: fill(blk))
         return block
 
