@@ -263,88 +263,102 @@ def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
     224 (1 thread, this Zen 5 host, the Conv alone) 1.30 -> 1.00 ms with AVX-512, 2.43 -> 1.88 with AVX2. A 1x1 stride-2 convolution becomes a subsampling Slice and a 1x1 convolution.
     A convolution of a channels-last region (:func:`polyc.onnx.layout.find_regions`: a stem region's head, a
     strided 1x1 one in ResNet's downsampling path) stays as it is: channels-last it reads its strided window
-    one broadcast pixel at a time, without the phases' zero taps or the subsampling copy.
+    one broadcast pixel at a time, without the phases' zero taps or the subsampling copy. The regions are
+    those of the graph as rewritten so far, found again after each round until a round rewrites nothing: a
+    rewrite outside a region can leave it below find_regions' bars (ResNet-50 with AVX2: once its layer-4
+    strided 1x1 convolution is rewritten, only the stem's region is left), and a convolution it held would
+    otherwise run NCHW with strided vector reads (the layer-2 downsampling 1x1, AVX2, Zen 4, in the model:
+    3.2 ms, 2.0 rewritten; ResNet-50 +1.7% at 1 thread, within noise at 2).
     """
     g = copy_graph(g)
+    while True:  # a rewrite can shrink a region below find_regions' bars: repeat until no strided conv is left out
+        regions = set().union(*find_regions(g))
+        changed = False
+        for nid in topo_order(g):
+            if g.nodes[nid]["op"] == "Conv" and nid not in regions:
+                changed = _space_to_depth(g, nid) or changed
+        connect(g)
+        if not changed:
+            return g
+
+
+def _space_to_depth(g: nx.DiGraph, nid: str) -> bool:
+    """Rewrite strided Conv ``nid`` over its input's phases (:func:`strided_conv_to_space_to_depth`) in place;
+    False when it is not one to rewrite."""
     consts, tensors = g.graph["constants"], g.graph["tensors"]
-    regions = set().union(*find_regions(g))
-    for nid in topo_order(g):
-        d = g.nodes[nid]
-        if d["op"] != "Conv" or nid in regions:
-            continue
-        geo = _conv_geometry(g, d)
-        if geo is None:
-            continue
-        strides, kernel, pb, out = geo
-        if all(s == 1 for s in strides):
-            continue
-        x_name, w_name = d["inputs"][0], d["inputs"][1]
-        n, c, h, wd = tensors[x_name].shape
-        dtype = tensors[x_name].dtype
-        taps = [-(-k // s) for k, s in zip(kernel, strides)]          # A = ceil(K / s)
-        phases = [min(s, k) for k, s in zip(kernel, strides)]         # P
-        if phases[0] * phases[1] * taps[0] * taps[1] > SPACE_TO_DEPTH_MAX_WORK * kernel[0] * kernel[1]:
-            continue
-        extent = [o + a - 1 for o, a in zip(out, taps)]                # E
-        pe = [s * e - size - b for s, e, size, b in zip(strides, extent, (h, wd), pb)]
-        if any(v < 0 for v in pe):
-            continue
-        w = consts[w_name]
-        w2 = np.zeros((w.shape[0], phases[0], phases[1], c, taps[0], taps[1]), w.dtype)
-        for ph in range(phases[0]):
-            for pw in range(phases[1]):
-                for ah in range(taps[0]):
-                    for aw in range(taps[1]):
-                        kh, kw = strides[0] * ah + ph, strides[1] * aw + pw
-                        if kh < kernel[0] and kw < kernel[1]:
-                            w2[:, ph, pw, :, ah, aw] = w[:, :, kh, kw]
-        w2 = w2.reshape(w.shape[0], phases[0] * phases[1] * c, taps[0], taps[1])
+    d = g.nodes[nid]
+    geo = _conv_geometry(g, d)
+    if geo is None:
+        return False
+    strides, kernel, pb, out = geo
+    if all(s == 1 for s in strides):
+        return False
+    x_name, w_name = d["inputs"][0], d["inputs"][1]
+    n, c, h, wd = tensors[x_name].shape
+    dtype = tensors[x_name].dtype
+    taps = [-(-k // s) for k, s in zip(kernel, strides)]          # A = ceil(K / s)
+    phases = [min(s, k) for k, s in zip(kernel, strides)]         # P
+    if phases[0] * phases[1] * taps[0] * taps[1] > SPACE_TO_DEPTH_MAX_WORK * kernel[0] * kernel[1]:
+        return False
+    extent = [o + a - 1 for o, a in zip(out, taps)]                # E
+    pe = [s * e - size - b for s, e, size, b in zip(strides, extent, (h, wd), pb)]
+    if any(v < 0 for v in pe):
+        return False
+    w = consts[w_name]
+    w2 = np.zeros((w.shape[0], phases[0], phases[1], c, taps[0], taps[1]), w.dtype)
+    for ph in range(phases[0]):
+        for pw in range(phases[1]):
+            for ah in range(taps[0]):
+                for aw in range(taps[1]):
+                    kh, kw = strides[0] * ah + ph, strides[1] * aw + pw
+                    if kh < kernel[0] and kw < kernel[1]:
+                        w2[:, ph, pw, :, ah, aw] = w[:, :, kh, kw]
+    w2 = w2.reshape(w.shape[0], phases[0] * phases[1] * c, taps[0], taps[1])
 
-        def const(base, value):
-            name = fresh_name(g, f"{nid}_{base}")
-            set_constant(g, name, np.asarray(value))
-            return name
+    def const(base, value):
+        name = fresh_name(g, f"{nid}_{base}")
+        set_constant(g, name, np.asarray(value))
+        return name
 
-        def tensor(base, shape):
-            name = fresh_name(g, f"{nid}_{base}")
-            tensors[name] = TensorInfo(tuple(shape), dtype)
-            return name
-        order = d["order"]
-        padded = tensor("padded", (n, c, strides[0] * extent[0], strides[1] * extent[1]))
-        blocks = tensor("blocks", (n, c, extent[0], strides[0], extent[1], strides[1]))
-        kept = tensor("phases", (n, c, extent[0], phases[0], extent[1], phases[1]))
-        moved = tensor("moved", (n, phases[0], phases[1], c, extent[0], extent[1]))
-        grouped = tensor("s2d", (n, phases[0] * phases[1] * c, extent[0], extent[1]))
-        opset = g.graph["opset"]
-        pads = [0, 0, pb[0], pb[1], 0, 0, pe[0], pe[1]]
-        if any(pads):
-            if opset >= 11:
-                add_op(g, f"{nid}_pad", "Pad", [x_name, const("pads", np.array(pads, np.int64))], [padded], order=order)
-            else:
-                add_op(g, f"{nid}_pad", "Pad", [x_name], [padded], {"pads": pads}, order=order)
+    def tensor(base, shape):
+        name = fresh_name(g, f"{nid}_{base}")
+        tensors[name] = TensorInfo(tuple(shape), dtype)
+        return name
+    order = d["order"]
+    padded = tensor("padded", (n, c, strides[0] * extent[0], strides[1] * extent[1]))
+    blocks = tensor("blocks", (n, c, extent[0], strides[0], extent[1], strides[1]))
+    kept = tensor("phases", (n, c, extent[0], phases[0], extent[1], phases[1]))
+    moved = tensor("moved", (n, phases[0], phases[1], c, extent[0], extent[1]))
+    grouped = tensor("s2d", (n, phases[0] * phases[1] * c, extent[0], extent[1]))
+    opset = g.graph["opset"]
+    pads = [0, 0, pb[0], pb[1], 0, 0, pe[0], pe[1]]
+    if any(pads):
+        if opset >= 11:
+            add_op(g, f"{nid}_pad", "Pad", [x_name, const("pads", np.array(pads, np.int64))], [padded], order=order)
         else:
-            padded = x_name
-        add_op(g, f"{nid}_blocks", "Reshape", [padded, const("shape6", np.array(tensors[blocks].shape, np.int64))],
-               [blocks], order=order)
-        if phases != strides:
-            ends = np.array([phases[0], phases[1]], np.int64)
-            if opset >= 10:
-                add_op(g, f"{nid}_phases", "Slice", [blocks, const("starts", np.zeros(2, np.int64)),
-                                                    const("ends", ends), const("axes", np.array([3, 5], np.int64))],
-                       [kept], order=order)
-            else:
-                add_op(g, f"{nid}_phases", "Slice", [blocks], [kept],
-                       {"starts": [0, 0], "ends": list(ends), "axes": [3, 5]}, order=order)
+            add_op(g, f"{nid}_pad", "Pad", [x_name], [padded], {"pads": pads}, order=order)
+    else:
+        padded = x_name
+    add_op(g, f"{nid}_blocks", "Reshape", [padded, const("shape6", np.array(tensors[blocks].shape, np.int64))],
+           [blocks], order=order)
+    if phases != strides:
+        ends = np.array([phases[0], phases[1]], np.int64)
+        if opset >= 10:
+            add_op(g, f"{nid}_phases", "Slice", [blocks, const("starts", np.zeros(2, np.int64)),
+                                                const("ends", ends), const("axes", np.array([3, 5], np.int64))],
+                   [kept], order=order)
         else:
-            kept = blocks
-        add_op(g, f"{nid}_move", "Transpose", [kept], [moved], {"perm": [0, 3, 5, 1, 2, 4]}, order=order)
-        add_op(g, f"{nid}_s2d", "Reshape", [moved, const("shape4", np.array(tensors[grouped].shape, np.int64))],
-               [grouped], order=order)
-        inputs = [grouped, const("W", w2)] + list(d["inputs"][2:3])
-        remove_op(g, nid)
-        add_op(g, nid, "Conv", inputs, d["outputs"], {"kernel_shape": taps, ZERO_TAPS_ATTR: 1}, order=order)
-    connect(g)
-    return g
+            add_op(g, f"{nid}_phases", "Slice", [blocks], [kept],
+                   {"starts": [0, 0], "ends": list(ends), "axes": [3, 5]}, order=order)
+    else:
+        kept = blocks
+    add_op(g, f"{nid}_move", "Transpose", [kept], [moved], {"perm": [0, 3, 5, 1, 2, 4]}, order=order)
+    add_op(g, f"{nid}_s2d", "Reshape", [moved, const("shape4", np.array(tensors[grouped].shape, np.int64))],
+           [grouped], order=order)
+    inputs = [grouped, const("W", w2)] + list(d["inputs"][2:3])
+    remove_op(g, nid)
+    add_op(g, nid, "Conv", inputs, d["outputs"], {"kernel_shape": taps, ZERO_TAPS_ATTR: 1}, order=order)
+    return True
 
 
 def flatten_min_pixels() -> int:
