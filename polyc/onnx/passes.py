@@ -24,7 +24,7 @@ from .fusion import ALIASES, ELEMENTWISE, close_diamond
 from .layout import LAYOUT_ATTR, NCHW_IN, NHWC, TO_NCHW, TO_NHWC, channels_last_regions, find_regions
 from .load import infer_shapes
 from .ops import converter
-from .ops.core import channels_last, streams_weight_rows, vector_lanes
+from .ops.core import channels_last, vector_lanes
 from .sequences import lower_sequences
 
 #: Ops that forward their first input unchanged at inference time.
@@ -383,8 +383,7 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
     the pixels, or are images of the same size, reshaped too, a compile-time constant reshaped at once), so
     the group stays one kernel; Reshapes of contiguous data are memory aliases, not kernels. A convolution
     the lowering computes channels-last (:func:`polyc.onnx.ops.core.channels_last`: vectors over the output
-    channels) stays as it is when its image has fewer than :func:`flatten_min_pixels` pixels, unless its weights
-    stream from beyond L2 a line per page (:func:`streams_weight_rows`)."""
+    channels) stays as it is when its image has fewer than :func:`flatten_min_pixels` pixels."""
     g = copy_graph(g)
     consts, tensors = g.graph["constants"], g.graph["tensors"]
     for nid in topo_order(g):
@@ -403,8 +402,7 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
                 or any(d["attrs"].get("pads", [0, 0, 0, 0])):
             continue
         image = tensors[d["outputs"][0]].shape
-        if channels_last(image, 1, True) and h * w < flatten_min_pixels() \
-                and not streams_weight_rows(np.asarray(consts[d["inputs"][1]]).nbytes):
+        if channels_last(image, 1, True) and h * w < flatten_min_pixels():
             continue
         flat = lambda shape: tuple(shape[:-2]) + (1, shape[-2] * shape[-1])  # noqa: E731
         order = d["order"]

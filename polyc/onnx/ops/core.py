@@ -195,18 +195,6 @@ def channels_last(out_shape, group: int, constant_weights: bool, kernel=(), dtyp
     return channels % nr == 0 and (strided or (lanes - width) / lanes >= CHANNELS_LAST_MIN_EMPTY_LANES)
 
 
-def streams_weight_rows(weight_bytes: int) -> bool:
-    """Whether a channels-last 1x1 convolution with ``weight_bytes`` of weights would stream them from beyond
-    L2 one cache line per page: its register tile reads NR output channels of a weight row per step of the
-    input channel, the next row a page or more away, so with NR float32 in one 64-byte line (AVX2: 16) and
-    weights twice the L2 size, each step is a line from L3 on a new page. The flattened form broadcasts
-    weights along contiguous rows instead. Measured (1 thread, Zen 4, AVX2, 7x7 images): 1024 -> 2048
-    channels 5.5 -> 3.4 ms flattened, 512 -> 2048 2.5 -> 1.6, 2048 -> 512 1.76 -> 1.61; with AVX-512 (NR = 32,
-    two lines) channels-last stays ahead or even (2.46 -> 2.26, 1.09 -> 1.17, 1.02 -> 1.13). Such a
-    convolution stays out of channels-last regions too (:func:`polyc.onnx.layout.candidate_conv`)."""
-    return 2 * vector_lanes("float32") * 4 <= 64 and weight_bytes >= 2 * l2_bytes()
-
-
 #: At most this many boxes in :func:`tap_boxes`: each is a piece of the reduction's domain, and isl's AST
 #: gives every piece loops of its own.
 MAX_TAP_BOXES = 8
