@@ -9,8 +9,8 @@ a genotype, one value per gene (:func:`options_of` turns it into Options fields)
   vectors of the target's width);
 - ``tiles`` (derived, or explicit: one gene ``tile.k`` per loop of the def's largest statement, each a power
   of two from 4 to 512; the strategy clips them to the loops' extents and multiples of the register tile);
-- ``unroll`` (None, 0, 4, 8, 16), ``promote`` (None, True, False), ``fusion`` (smart, max, min), ``rar`` and
-  ``tile`` (on or off).
+- ``unroll`` (None, 0, 4, 8, 16), ``promote`` and ``prefetch`` (None, True, False), ``fusion`` (smart, max,
+  min), ``rar`` and ``tile`` (on or off).
 
 :class:`Evolution` is a steady-state genetic search in the manner of Tensor Comprehensions' autotuner, seeded
 by the strategy: the first round is the default and its neighbours (one gene changed), then a population of
@@ -56,8 +56,7 @@ def space(kernel: Kernel, target: Target) -> dict:
     (``derived`` or ``explicit``) with one gene per loop of the def's largest statement, ``tile.0`` ... (a
     power of two each, used when ``explicit``);
     ``registers`` (``derived`` or ``explicit``) with ``rows`` (1 .. half the vector registers) and ``cols``
-    (1-4 vectors of the target's width); ``unroll``, ``promote``, ``fusion``, ``rar`` and ``tile`` as Options
-    has them."""
+    (1-4 vectors of the target's width); the :data:`PLAIN_GENES` as Options has them."""
     loops = max(len(s.indices) for s in kernel.checked.statements) if kernel.checked.statements else 1
     lanes = max(1, target.vector_bits // 32)
     genes = {
@@ -68,6 +67,7 @@ def space(kernel: Kernel, target: Target) -> dict:
         "cols": [c * lanes for c in (1, 2, 3, 4)],
         "unroll": [None, 0, 4, 8, 16],
         "promote": [None, True, False],
+        "prefetch": [None, True, False],
         "fusion": ["smart", "max", "min"],
         "rar": [False, True],
         "tile": [True, False],
@@ -75,10 +75,14 @@ def space(kernel: Kernel, target: Target) -> dict:
     return genes
 
 
+#: The genes that are Options fields as they are.
+PLAIN_GENES = ("unroll", "promote", "prefetch", "fusion", "rar", "tile")
+
+
 def options_of(genes: dict) -> dict:
     """The Options fields of a genotype that differ from the defaults and matter (tile sizes without tiling
     do not), so genotypes that compile alike have equal specs."""
-    fields = {f: genes[f] for f in ("unroll", "promote", "fusion", "rar", "tile") if f in genes}
+    fields = {f: genes[f] for f in PLAIN_GENES if f in genes}
     if genes.get("tiles") == "explicit":
         fields["tile_sizes"] = tuple(genes[f"tile.{k}"] for k in range(sum(g.startswith("tile.") for g in genes)))
     if genes.get("registers") == "explicit":
@@ -173,7 +177,7 @@ class Evolution(RandomSearch):
         explicit with drawn values)."""
         def one_gene():
             genes = self._default()
-            gene = self.rng.choice(["tiles", "registers", "unroll", "promote", "fusion", "rar", "tile"])
+            gene = self.rng.choice(["tiles", "registers", *PLAIN_GENES])
             if gene in ("tiles", "registers"):  # made explicit, with drawn sizes
                 drawn = self._draw()
                 genes.update({g: drawn[g] for g in genes if g.startswith("tile.") or g in ORDINAL})
