@@ -32,7 +32,7 @@ import islpy as isl
 from llvmlite import ir
 
 from ..lang import ast as L
-from ..poly.affine import accesses_in, index_names
+from ..poly.affine import accesses_in, has_access, index_names
 from ..target import Target
 from . import expr as X
 from .region import KernelEmitter, Loop, Region, emit_isl_expr, uses_id
@@ -98,8 +98,8 @@ def emit_prefetches(k: KernelEmitter, r: Region, user: isl.AstNode, offset: int 
     args = {i: call.get_op_arg(n + 1) for n, i in enumerate(stmt.indices)}
     for read in accesses_in(stmt.rhs):
         tensor = k.scop.tensor(read.tensor)
-        if not tensor.packed:
-            continue
+        if not tensor.packed or read.checked or any(has_access(a) for a in read.args):
+            continue  # (a packed read has affine indices; a checked or gathered one must not be evaluated ahead)
         found = next_block(r.loops, args, read)
         if found is None:
             continue
