@@ -42,7 +42,7 @@ from llvmlite import ir
 
 from ..errors import CompileError
 from ..lang import ast as L
-from ..poly.affine import children
+from ..poly.affine import children, index_names
 from ..poly.scop import Scop
 from . import mathlib, storage
 from .irbase import (FLOAT, I1, I32, I64, I8, MAX_IR_NAME, PTR, STORAGE, UNSIGNED, _BITS, _CONTRACT, _elem,
@@ -288,6 +288,12 @@ def _emit_binary(env: Env, e: L.Binary, b: ir.IRBuilder) -> ir.Value:
 def _emit_select(env: Env, e: L.Select, b: ir.IRBuilder) -> ir.Value:
     if may_fail(e.then) or may_fail(e.other):
         return _emit_lazy(env, e.cond, e.then, e.other, b)
+    if env.lanes > 1 and (reads(e.then) or reads(e.other)) and _uniform(env, e.cond):
+        # a guard the same for every lane (a Pad's border test, the vector along the channels): a branch on
+        # it, so the side taken reads with plain vector loads. Masked loads and a select made an NHWC Pad of
+        # 64 channels at 56x56 run at 13 GB/s (127 us; a plain copy 34 us)
+        scalar = dataclasses.replace(env, lanes=1, strides={}, mask=None)
+        return _emit_lazy(env, e.cond, e.then, e.other, b, emit_expr(scalar, e.cond, b))
     c = emit_expr(env, e.cond, b)
     if not (reads(e.then) or reads(e.other)):
         return b.select(c, emit_expr(env, e.then, b), emit_expr(env, e.other, b))
@@ -305,10 +311,19 @@ def reads(e: L.Expr) -> bool:
     return any(reads(c) for c in children(e))
 
 
+def _uniform(env: Env, cond: L.Expr) -> bool:
+    """Whether ``cond`` has one value for all the lanes of a vector step: no reads, and every index in it
+    stays put along the vector loop."""
+    return not reads(cond) and all(env.strides.get(i, 0) == 0 for i in index_names(cond))
+
+
 def _emit_lazy(env: Env, cond: L.Expr, then: L.Expr | None, other: L.Expr | None,
-               b: ir.IRBuilder) -> ir.Value:
-    """``cond ? then : other`` with branches (scalar only); ``None`` stands for ``cond`` itself."""
-    c = emit_expr(env, cond, b)
+               b: ir.IRBuilder, c: ir.Value | None = None) -> ir.Value:
+    """``cond ? then : other`` with branches; ``None`` stands for ``cond`` itself. ``c``: the condition's i1
+    when the caller has it (a scalar condition for vector sides), else ``cond`` is emitted in ``env``
+    (scalar only)."""
+    if c is None:
+        c = emit_expr(env, cond, b)
     then_block = b.append_basic_block("sel.then")
     else_block = b.append_basic_block("sel.else")
     join = b.append_basic_block("sel.join")

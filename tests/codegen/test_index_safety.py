@@ -12,6 +12,7 @@ Every kernel runs with the default options (tiling, vectorization, threads) and 
 """
 import numpy as np
 import pytest
+from targets import RUNNABLE_CPUS
 
 import polyc
 from polyc import Options
@@ -407,3 +408,31 @@ def test_floor_div_mod_by_a_tensor_in_unrolled_vector_code(dtype, op, ref):
         p = rng.integers(-60, 60, k).astype(dtype)
         b = (rng.integers(1, 7, (n, k)) * rng.choice([-1, 1], (n, k))).astype(dtype)
         np.testing.assert_array_equal(kernel(p, b), ref(p[None, :, None] + p[None, None, :], b[:, :, None]))
+
+
+def _pad_source(h: int, w: int, c: int, inner: str) -> str:
+    return f"""def pad(float({h},{w},{c}) X) -> (float({h + 2},{w + 2},{c}) Y) {{
+        Y(i, j, k) = (i >= 1 && i <= {h} && j >= 1 && j <= {w}) ? {inner} : 0.0
+            where i in 0:{h + 2}, j in 0:{w + 2}, k in 0:{c}
+    }}"""
+
+
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+@pytest.mark.parametrize("c", [64, 19])
+def test_a_guard_the_same_for_every_lane_branches_to_plain_vector_loads(monkeypatch, cpu, c):
+    """An NHWC Pad, the vector along the channels: its border test is one value for all the lanes, so the code
+    branches on it and reads the interior with plain vector loads (no masked load; 19 channels end in a
+    partial vector); a lane-varying guard inside it (``k < 5``) keeps its masks. Borders zero, the rest the
+    input's, exactly, with the guard true, false, and both within one row."""
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    monkeypatch.setenv("POLYC_CACHE_DIR", "off")
+    x = np.random.default_rng(4).standard_normal((9, 7, c)).astype(np.float32)
+    want = np.pad(x, ((1, 1), (1, 1), (0, 0)))
+    plain = polyc.define(_pad_source(9, 7, c, "X(i-1, j-1, k)")).specialize(x)
+    assert "llvm.masked.load" not in plain.stage("llvm") and " x float> " in plain.stage("llvm")
+    np.testing.assert_array_equal(plain(x), want)
+    nested = polyc.define(_pad_source(9, 7, c, "(k < 5 ? X(i-1, j-1, k) : 2.0 * X(i-1, j-1, k))")).specialize(x)
+    assert "llvm.masked.load" in nested.stage("llvm")
+    np.testing.assert_array_equal(nested(x), np.where(np.arange(c) < 5, want, 2 * want))
+    np.testing.assert_array_equal(polyc.define(_pad_source(9, 7, c, "X(i-1, j-1, k)"),
+                                               options=Options.naive()).specialize(x)(x), want)
