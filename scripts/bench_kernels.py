@@ -16,6 +16,9 @@ What it measures, each polyc kernel and its peer side by side in one run, on the
   would take over ~20 s a run at LARGE (extrapolated from MEDIUM) its row uses MEDIUM and says so;
 - ``overhead``: the fixed cost of calling a compiled kernel from Python on a 1-element add, in microseconds.
 
+``--options SPEC`` (an :class:`polyc.Options` spec such as ``prefetch=0``) goes on top of every polyc row's own
+options: a run with it beside one without is the A/B of that decision on the same kernels.
+
 Columns: kernel, size, threads, peer, polyc ms, peer ms, ratio (= peer time / polyc time: above 1 polyc is
 faster), polyc GFLOP/s, % of peak, compile ms, check (polyc's outputs against the peer's).
 
@@ -92,6 +95,7 @@ import numpy as np  # noqa: E402
 import polyc  # noqa: E402
 import polyc.kernels  # noqa: E402
 from polyc import Options  # noqa: E402
+from polyc.errors import PolycError  # noqa: E402
 from polyc.poly import analysis  # noqa: E402
 from fma_peak import FmaPeak  # noqa: E402  (scripts/fma_peak.py, beside this script)
 
@@ -343,6 +347,11 @@ class Bench:
         self.load_before = _loadavg()
 
     # ---- helpers ----
+    def options(self, base: Options | None, threads: int) -> Options:
+        """``base`` (None: the defaults) with ``--options`` on top and ``threads``."""
+        spec = ",".join(filter(None, [(base or Options()).to_spec(), self.args.options]))
+        return Options.from_spec(spec).replace(threads=threads)
+
     def kernel(self, family: str, name: str) -> polyc.Kernel:
         key = (family, name)
         if key not in self.library:
@@ -363,8 +372,7 @@ class Bench:
                 note=""):
         """One row: polyc (``options`` with ``threads``) and a peer callable (returning the outputs).
         ``flops`` None: those of the compiled kernel (:func:`kernel_flops`)."""
-        options = (options or Options()).replace(threads=threads)
-        compiled, compile_s, call, got = polyc_callable(kernel, inputs, options)
+        compiled, compile_s, call, got = polyc_callable(kernel, inputs, self.options(options, threads))
         if flops is None:
             flops = kernel_flops(compiled)
         polyc_s, _ = median_time(call, self.args.runs)
@@ -514,7 +522,7 @@ class Bench:
             o = (h + 2 * pad - k) // stride + 1
             session = ort_conv_session(x.shape, f, stride, pad, 1, t)
             t0 = time.perf_counter()
-            model = ponnx.compile(conv_model(x.shape, f, stride, pad, 1), Options(threads=t), progress=False)
+            model = ponnx.compile(conv_model(x.shape, f, stride, pad, 1), self.options(None, t), progress=False)
             compile_s = time.perf_counter() - t0
             run = lambda model=model, x=x: model.run({"X": x})[0]  # noqa: E731
             peer = lambda session=session, x=x: session.run(["Y"], {"X": x})[0]  # noqa: E731
@@ -597,6 +605,8 @@ class Bench:
         print(f"- machine: {cpu_name()}, {os.cpu_count()} logical CPUs; {platform.python_implementation()} "
               f"{platform.python_version()}, numpy {np.__version__} ({blas_name()}), polyc {polyc.__version__}"
               + (f", onnxruntime {ort_version()}" if ort_version() else ""))
+        if a.options:
+            print(f"- polyc options on every row: `{a.options}` (on top of each row's own)")
         print(f"- numpy BLAS threads: {self.blas.describe()}; polyc threads via Options(threads=...); "
               f"onnxruntime via intra_op_num_threads")
         if self.fma is not None:
@@ -791,11 +801,18 @@ def main(argv=None) -> int:
                     help="threads for the multi-threaded rows (default: all %(default)s cores); GEMM also runs at 1")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
     ap.add_argument("--runs", type=int, default=None, help="timed runs per measurement (default 5, --quick 3)")
+    ap.add_argument("--options", default="",
+                    help="an Options spec applied on top of every polyc row's options (e.g. prefetch=0): one "
+                         "decision's A/B against a run without it")
     ap.add_argument("--blas-coretype", choices=("match", "env"), default="match",
                     help="numpy's OpenBLAS kernel: 'match' polyc's instruction set (OPENBLAS_CORETYPE SkylakeX or "
                          "Haswell, the default) or keep the environment's")
     args = ap.parse_args(argv)
     args.runs = args.runs or (3 if args.quick else 5)
+    try:
+        Options.from_spec(args.options)
+    except PolycError as exc:
+        ap.error(f"--options: {exc}")
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(only) - set(SECTIONS)
     if unknown:

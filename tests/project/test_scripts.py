@@ -142,9 +142,13 @@ def test_bench_kernels_quick_gemm():
     assert f"(OPENBLAS_CORETYPE={coretype}" in result.stdout
 
 
-def test_bench_kernels_quick_resnet50_convs_through_polyc_onnx():
-    result = run_script(SCRIPTS / "bench_kernels.py", "--quick", "--only", "resnet50", "--threads", "1")
+@pytest.mark.parametrize("extra", [[], ["--options", "prefetch=0,unroll=4"]])
+def test_bench_kernels_quick_resnet50_convs_through_polyc_onnx(extra):
+    """The ResNet-50 section, as it is and with ``--options`` on top of every row (an A/B of one decision):
+    the run says which options it applied, and the rows still match onnxruntime."""
+    result = run_script(SCRIPTS / "bench_kernels.py", "--quick", "--only", "resnet50", "--threads", "1", *extra)
     assert result.returncode == 0, result.stderr
+    assert ("polyc options on every row: `prefetch=0,unroll=4`" in result.stdout) == bool(extra)
     _, rows = first_table(result.stdout)
     assert [r["kernel"] for r in rows] == ["resnet50 conv 1x1, 16->16", "resnet50 conv 3x3, 16->16"]
     for r in rows:
@@ -155,6 +159,11 @@ def test_bench_kernels_quick_resnet50_convs_through_polyc_onnx():
 def test_bench_kernels_rejects_unknown_section():
     result = run_script(SCRIPTS / "bench_kernels.py", "--quick", "--only", "gemm,nope")
     assert result.returncode == 2 and "nope" in result.stderr
+
+
+def test_bench_kernels_rejects_a_bad_options_spec():
+    result = run_script(SCRIPTS / "bench_kernels.py", "--quick", "--only", "gemm", "--options", "prefetch=maybe")
+    assert result.returncode == 2 and "--options" in result.stderr and "prefetch" in result.stderr
 
 
 def test_bench_models_prints_ratios_and_where_time_goes():
