@@ -21,6 +21,13 @@ from .transforms import member_index
 #: step of the micro-kernel's loop would touch a new page and, for power-of-two rows, the same cache sets).
 PACK_MIN_ROW_BYTES = 4096
 
+#: ... or a multiple of this many: such a step folds the read onto two of the 64 sets of an x86 L1D (its ways
+#: are 4 KiB: virtually indexed, physically tagged), whose 2 x ways lines hold a few steps of a register tile's
+#: reduction loop, so its panel misses L1 at every step. An AVX2 SGEMM of 512^3 (B's rows 2 KiB apart) ran 3.2-3.6
+#: ms unpacked and 2.5 packed (OpenBLAS's 2.5-2.6; 1 thread, Zen 4); AVX-512 level either way. A step of 1.5 KiB
+#: (8 sets, 384^3) ran as fast unpacked.
+PACK_ALIASING_BYTES = 2048
+
 #: ... and when each packed panel is reused by at least this many register-tile rows.
 PACK_MIN_REUSE = 4
 
@@ -62,7 +69,7 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
     register-tile rows read each panel. Chosen: an input tensor read with distinct plain indices (and
     integer literals: a 1x1 convolution's ``W(c, 0, 0, m)``), last ``v_index``, none ``u_index`` (every row
     of the register tile reads it), some reduction index, and in which a step of some reduction index jumps
-    at least PACK_MIN_ROW_BYTES. ``force`` drops the two thresholds (jump, reuse), not the conditions that
+    at least PACK_MIN_ROW_BYTES or a multiple of PACK_ALIASING_BYTES. ``force`` drops the two thresholds (jump, reuse), not the conditions that
     make the layout correct; so does a read of a tensor in ``constants``, which the caller packs once
     (measured, 1 thread: the BERT, GPT and ViT models of ``scripts/model_zoo.py`` 8-18% faster on AVX2 and
     AVX-512 with all their weights packed, ResNet-50 unchanged)."""
@@ -80,9 +87,10 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
         if (len(set(names)) != len(names) or not plain_index(read.args[-1]) or names[-1] != v_index
                 or u_index in names or all(n in stmt.lhs for n in names)):
             continue
+        jump = jump_bytes(read, [i for i in names if i not in stmt.lhs], stmt, scop)
+        far = jump >= PACK_MIN_ROW_BYTES or (jump > 0 and jump % PACK_ALIASING_BYTES == 0)
         if not (force or (tensor.name in constants and sole_read(scop, stmt.name, read))) and (
-                reuse < PACK_MIN_REUSE
-                or jump_bytes(read, [i for i in names if i not in stmt.lhs], stmt, scop) < PACK_MIN_ROW_BYTES):
+                reuse < PACK_MIN_REUSE or not far):
             continue
         return Packing(stmt.name, read, v_index, nr)
     return None

@@ -50,6 +50,12 @@ def test_strategy_packs_long_rows_only():
     np.testing.assert_allclose(big(A, B), A.astype(np.float64) @ B, rtol=1e-4, atol=1e-3)
     off = polyc.define(MATMUL, options=Options(promote=False)).specialize(A, B)
     assert "P0(" not in off.stage("ast")
+    # rows of 2 KiB fold B's panel onto two L1 sets: packed; 1.5 and 2.03 KiB are not
+    for n, packed in ((512, True), (384, False), (520, False)):
+        A, B = _inputs(rng, (96, 64), (64, n))
+        k = polyc.define(MATMUL).specialize(A, B)
+        assert ("P0(" in k.stage("ast")) == packed, n
+        np.testing.assert_allclose(k(A, B), A.astype(np.float64) @ B, rtol=1e-4, atol=1e-3)
     assert "P0(" not in polyc.define(MATMUL, options=Options.naive()).specialize(A, B).stage("ast")
 
 
