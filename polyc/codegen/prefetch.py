@@ -35,6 +35,7 @@ from ..lang import ast as L
 from ..poly.affine import accesses_in, has_access, index_names
 from ..target import Target
 from . import expr as X
+from .irbase import declare
 from .region import KernelEmitter, Loop, Region, emit_isl_expr, uses_id
 
 I32, I64, PTR = X.I32, X.I64, X.PTR
@@ -116,12 +117,6 @@ def emit_prefetches(k: KernelEmitter, r: Region, user: isl.AstNode, offset: int 
         flat = X.access_offset(env, read, b)
         # not inbounds: after the last block the address is past the buffer (a prefetch does not fault)
         pointer = b.gep(r.tensors[read.tensor], [flat], source_etype=X.memory_type(tensor.dtype))
-        b.call(_intrinsic(k.module), [pointer, ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
+        prefetch = declare(k.module, "llvm.prefetch.p0", ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
+        b.call(prefetch, [pointer, ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])  # read, L2
 
-
-def _intrinsic(module: ir.Module) -> ir.Function:
-    """``declare void @llvm.prefetch.p0(ptr, i32 rw, i32 locality, i32 cache)``, once per module."""
-    name = "llvm.prefetch.p0"
-    if name in module.globals:
-        return module.globals[name]
-    return ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]), name)

@@ -66,14 +66,14 @@ def emit_vector_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Bl
     lanes, strides = plan
     it = node.for_get_iterator().get_id().name
     with r.in_loop(Loop(it, "vector", 1, trip_bound(node))):
-        return _emit_vector_loop(k, r, node, block, lanes, strides)
+        return _emit_vector_loop(k, r, node, block, lanes, strides, it)
 
 
 def _emit_vector_loop(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block, lanes: int,
-                      strides: dict[str, dict[str, int]]) -> ir.Block:
-    """The vector steps of :func:`emit_vector_for` (straight-line, or loops and the scalar remainder)."""
+                      strides: dict[str, dict[str, int]], it: str) -> ir.Block:
+    """The vector steps of :func:`emit_vector_for` (straight-line, or loops and the scalar remainder) of the
+    loop over iterator ``it``."""
     bounds = loop_bounds(node)
-    it = node.for_get_iterator().get_id().name
     users = user_nodes(node.for_get_body())
 
     def vector_body(width: int, offset: int | None = None):
