@@ -425,6 +425,25 @@ def test_register_tile_rows_fit_the_partial_tile_in_half_the_registers():
                                rtol=1e-4, atol=1e-4)
 
 
+def test_few_rows_take_three_vectors_of_columns_where_two_leave_the_fma_pipes_idle():
+    """A row member too short for full tiles of two vectors (AVX2's 7 rows of a 1x1 convolution at 7x7: 4 + 3
+    rows, 8 and 6 accumulators, the second tile waiting on the FMA latency) takes three vectors of columns
+    (4 + 3 rows of 12 and 9 accumulators) when that fills the FMA pipes at least WIDEN_MIN_GAIN better;
+    long row members, 3x3 convolutions (whose 3-vector tile has 2 rows on AVX2), one-row GEMVs and vector
+    members narrower than three vectors keep two."""
+    assert strategy._fma_efficiency(4, 2, 7) == 0.875 and strategy._fma_efficiency(4, 3, 7) == 1.0
+    assert strategy._fma_efficiency(6, 2, 48) == 1.0 and strategy._fma_efficiency(6, 2, 50) == 50 / 52
+    options = polyc.Options()
+    for lanes, regs, height, reductions, width, want in (
+            (8, 16, 7, 1, None, (4, 24)), (8, 16, 7, 1, 2048, (4, 24)), (8, 16, 7, 1, 16, (4, 16)),
+            (8, 16, 14, 1, None, (5, 16)), (8, 16, 56, 1, None, (6, 16)), (8, 16, 1, 1, None, (1, 16)),
+            (8, 16, 7, 2, None, (4, 16)), (16, 32, 7, 1, None, (7, 32)), (16, 32, 3, 1, None, (3, 48))):
+        got = strategy.register_tile_sizes(options, lanes, regs, width=width, reductions=reductions, height=height)
+        assert got == want, (lanes, height, reductions, width, got)
+    assert strategy.register_tile_sizes(polyc.Options(register_tile_sizes=(4,)), 8, 16, reductions=1,
+                                        height=7) == (4, 16)  # the option's rows keep two vectors
+
+
 def test_isolating_full_tiles_of_a_many_piece_union_finishes():
     """A fuzz program (5 statements, tiles 2x3, a 2-row register tile; found as seed 2032007382, its update of
     T0 after T1 and T2 read it now written to a new temporary T3, since polyc refuses rewriting a tensor that
@@ -592,7 +611,7 @@ def test_convolutions_streaming_weight_slivers_match_numpy(cpu, monkeypatch):
     on 1 and 2 threads: numpy's result (float64 reference); the outermost loop runs over the slivers."""
     monkeypatch.setenv("POLYC_CPU", cpu)
     rng = np.random.default_rng(21)
-    nr = 2 * polyc.define("def f(float(N) X) -> (Y) { Y(i) = X(i) }").target.lanes("float32")
+    target = polyc.define("def f(float(N) X) -> (Y) { Y(i) = X(i) }").target
     cases = [("def pw(float(H,W,C) X, float(C,M) Wt) -> (Y) { Y(h,w,m) +=! X(h,w,c) * Wt(c,m) }",
               (5, 7, 700), (700, 1001)),
              ("def mm(float(M,K) X, float(K,N) Wt) -> (Y) { Y(m,n) +=! X(m,k) * Wt(k,n) }", (50, 600), (600, 530))]
@@ -600,6 +619,8 @@ def test_convolutions_streaming_weight_slivers_match_numpy(cpu, monkeypatch):
         x = rng.standard_normal(x_shape).astype(np.float32)
         w = rng.standard_normal(w_shape).astype(np.float32)
         want = x.astype(np.float64) @ w.astype(np.float64)
+        nr = strategy.register_tile_sizes(Options(), target.lanes("float32"), target.vector_registers,
+                                          reductions=1, height=x_shape[-2])[1]  # 3 vectors for 7 rows on AVX2
         for threads in (1, 2):
             kernel = polyc.define(src, options=Options(threads=threads))
             compiled = kernel.specialize(x, w)
