@@ -260,7 +260,8 @@ def strided_conv_to_space_to_depth(g: nx.DiGraph) -> nx.DiGraph:
     :data:`~polyc.onnx.graph.ZERO_TAPS_ATTR`, so its lowering leaves those zero taps out of the reduction
     (phase-major channels make each phase one box of taps, :func:`polyc.onnx.ops.core.tap_boxes`) and it does
     the ``K*K'`` multiply-adds of the strided convolution, not ``P*P'*A*A'``: a 7x7/2 stem from 3 channels at
-    224 (1 thread, this Zen 5 host, the Conv alone) 1.30 -> 1.00 ms with AVX-512, 2.43 -> 1.88 with AVX2. A 1x1 stride-2 convolution becomes a subsampling Slice and a 1x1 convolution.
+    224 (1 thread, this Zen 5 host, the Conv alone) 1.30 -> 1.00 ms with AVX-512, 2.43 -> 1.88 with AVX2. A
+    1x1 stride-2 convolution becomes a subsampling Slice and a 1x1 convolution.
     A convolution of a channels-last region (:func:`polyc.onnx.layout.find_regions`: a stem region's head, a
     strided 1x1 one in ResNet's downsampling path) stays as it is: channels-last it reads its strided window
     one broadcast pixel at a time, without the phases' zero taps or the subsampling copy. The regions are

@@ -69,9 +69,9 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
     register-tile rows read each panel. Chosen: an input tensor read with distinct plain indices (and
     integer literals: a 1x1 convolution's ``W(c, 0, 0, m)``), last ``v_index``, none ``u_index`` (every row
     of the register tile reads it), some reduction index, and in which a step of some reduction index jumps
-    at least PACK_MIN_ROW_BYTES or a multiple of PACK_ALIASING_BYTES. ``force`` drops the two thresholds (jump,
-    reuse), not the conditions that make the layout correct; so does a read of a tensor in ``constants``, which the caller packs once
-    (measured, 1 thread: the BERT, GPT and ViT models of ``scripts/model_zoo.py`` 8-18% faster on AVX2 and
+    at least PACK_MIN_ROW_BYTES or a multiple of PACK_ALIASING_BYTES. ``force`` drops the two thresholds
+    (jump, reuse), not the conditions that make the layout correct; so does a read of a tensor in
+    ``constants``, which the caller packs once (measured, 1 thread: the BERT, GPT and ViT models of ``scripts/model_zoo.py`` 8-18% faster on AVX2 and
     AVX-512 with all their weights packed, ResNet-50 unchanged)."""
     if u_index is None or v_index is None or (tile_v is not None and tile_v % nr):
         return None

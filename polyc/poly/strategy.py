@@ -313,9 +313,12 @@ def streams_panel(stmt: PolyStatement, scop: Scop, p_indices, u_index: str, v_in
 
 # ---- steps 2-5 ----------------------------------------------------------------------------------------
 
-#: FMAs an x86 core keeps in flight: latency x throughput, 4 cycles x 2 pipes (Haswell to Zen 5): the fewest
-#: independent accumulators that keep the FMA pipes busy.
-FMA_IN_FLIGHT = 8
+#: An x86 core's FMA pipes and their latency in cycles (Haswell to Zen 5).
+FMA_PIPES, FMA_LATENCY = 2, 4
+
+#: FMAs an x86 core keeps in flight: latency x throughput, the fewest independent accumulators that keep the FMA
+#: pipes busy.
+FMA_IN_FLIGHT = FMA_LATENCY * FMA_PIPES
 
 
 def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: int = 16,
@@ -401,12 +404,11 @@ def _tile_rows(vectors: int, vector_lanes: int, vector_registers: int, width, re
 def _fma_efficiency(rows: int, vectors: int, height: int) -> float:
     """The fraction of the FMA pipes' issue slots a row member of ``height`` rows fills in tiles of ``rows``
     x ``vectors`` accumulators: each reduction step of a tile of ``a`` accumulators takes ``max(a / pipes,
-    latency)`` cycles (:data:`FMA_IN_FLIGHT` = latency x pipes, 4 x 2), the last tile holding the remainder."""
-    pipes, latency = 2, FMA_IN_FLIGHT // 2
+    latency)`` cycles (:data:`FMA_PIPES`, :data:`FMA_LATENCY`), the last tile holding the remainder."""
     full, last = divmod(height, rows)
     tiles = [rows] * full + ([last] if last else [])
-    cycles = sum(max(r * vectors / pipes, latency) for r in tiles)
-    return height * vectors / pipes / cycles
+    cycles = sum(max(r * vectors / FMA_PIPES, FMA_LATENCY) for r in tiles)
+    return height * vectors / FMA_PIPES / cycles
 
 
 def row_registers(width: int, vector_lanes: int) -> int:
