@@ -1022,7 +1022,9 @@ def test_a_transposing_epilogue_runs_as_gathers_and_scatters(cpu, guarded, monke
     """A channels-last accumulation read back into NCHW in the same tile (the form of a channels-last
     convolution's epilogue): the vector loop runs along the channels, so the ``=`` statement writes ``Y(m, h,
     w)`` and reads the residual ``R(m, h, w)`` a row apart: a scatter and a gather (``llvm.masked.*``), under
-    a guard too, instead of a scalar loop; results are numpy's and the naive kernel's, on two threads too."""
+    a guard too, instead of a scalar loop; results are numpy's and the naive kernel's, on two threads too. The
+    epilogue reads the tile through a laundered pointer (``llvm._launder``: an empty ``asm``), the same kernel
+    with the epilogue in the tile's own order does not."""
     monkeypatch.setenv("POLYC_CPU", cpu)
     residual = "(w >= 1 ? R(m, h, w - 1) : 0.0)" if guarded else "R(m, h, w)"
     src = f"""def clconv(float(C,H,W) X, float(C,M) Wt, float(M,H,W) R) -> (Y) {{
@@ -1037,6 +1039,14 @@ def test_a_transposing_epilogue_runs_as_gathers_and_scatters(cpu, guarded, monke
     compiled = kernel.specialize(x, wt, r)
     ir_text = compiled.stage("llvm")
     assert "llvm.masked.scatter" in ir_text and "llvm.masked.gather" in ir_text
+    assert re.search(r'asm\s+"",\s*"=r,0"\(ptr %"T"\)', ir_text)
+    if not guarded:  # the epilogue in the tile's own order: no laundering
+        own_src = (src.replace("float(M,H,W) R", "float(H,W,M) R").replace("R(m, h, w)", "R(h, w, m)")
+                   .replace("Y(m, h, w) =", "Y(h, w, m) ="))
+        r_own = np.ascontiguousarray(r.transpose(1, 2, 0))
+        own = polyc.define(own_src).specialize(x, wt, r_own)
+        assert "asm " not in own.stage("llvm")
+        np.testing.assert_allclose(own(x, wt, r_own), want.transpose(1, 2, 0), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(compiled(x, wt, r), want, rtol=1e-4, atol=1e-4)
     naive = kernel.specialize(x, wt, r, options=Options.naive())
     np.testing.assert_allclose(compiled(x, wt, r), naive(x, wt, r), rtol=1e-5, atol=1e-5)
