@@ -593,7 +593,10 @@ def _softmax(b: Builder, node, axes, log_=False):
     """Softmax/LogSoftmax along ``axes`` as the spec's function body computes it: ``x - max``, ``exp``, the
     row sum (and its ``log``) are each a node of the input's type, so for float16/bfloat16 every one of
     them is rounded to it (numpy's float16 arithmetic does the same; the float32 result rounded once can
-    differ by two float16 ulps, more than the backend tests' tolerance)."""
+    differ by two float16 ulps, more than the backend tests' tolerance). In float32/float64 Softmax
+    multiplies by the row sum's reciprocal (one division a row, as onnxruntime's MLAS; within an ulp of the
+    quotient): ``onnx_softmax`` of 4 x 500 x 500 (the 1-D conv encoder's attention), 1 thread, Zen 4, 0.575
+    -> 0.535 ms with AVX2 and 0.456 -> 0.420 with AVX-512."""
     x = b.simple(b.input(node, 0))
     t, store = x.dtype, b.tensors[node["inputs"][0]].dtype
     mx, row = reduce(b, x.shape, axes, "max=!", t, lambda idx: x.at(idx))
@@ -604,7 +607,10 @@ def _softmax(b: Builder, node, axes, log_=False):
     if log_:
         ls = rounded(lazy(s.shape, t, lambda idx: f"log({s.at(idx)})"), store)
         return [lazy(x.shape, t, lambda idx: f"({d.at(idx)} - {ls.at(row(idx))})")]
-    return [lazy(x.shape, t, lambda idx: f"({e.at(idx)} / {s.at(row(idx))})")]
+    if np.dtype(t) != np.dtype(store):  # rounded to float16/bfloat16 at every node: the spec's Div
+        return [lazy(x.shape, t, lambda idx: f"({e.at(idx)} / {s.at(row(idx))})")]
+    inverse = b.emit(s.shape, t, lambda idx, red: f"({lit(1, t)} / {s.at(idx)})")
+    return [lazy(x.shape, t, lambda idx: f"({e.at(idx)} * {inverse.at(row(idx))})")]
 
 
 def softmax_v1(b: Builder, node):
