@@ -949,9 +949,11 @@ def _target_cpu(monkeypatch, cpu) -> None:
 
 @pytest.mark.parametrize("cpu", [None, "znver3"])
 def test_inline_exp_float32_is_within_one_ulp_everywhere(monkeypatch, cpu):
-    """The inline float32 exp (AVX-512's vscalefps path in 16-lane vectors, the two-step exponent-field
-    scaling elsewhere: AVX2 vectors, the scalar remainder) against float64 numpy over a sweep of every
-    97th float in [-110, 95], plus overflow, underflow to subnormals and zero, infinities and NaN."""
+    """The inline float32 exp (AVX-512's vscalefps path in 16-lane vectors; elsewhere, in AVX2 vectors and the
+    scalar remainder, one integer add to the exponent field where every lane of a step gives a normal float
+    and the two-step exponent-field scaling in any other step) against float64 numpy over a sweep of every
+    97th float in [-110, 95] (its steps near -86.5 and 88 mix both kinds of lanes), plus overflow, underflow
+    to subnormals and zero, infinities and NaN."""
     _target_cpu(monkeypatch, cpu)
     k = polyc.define("def e(float(N) X) -> (Y) { Y(i) = exp(X(i)) }")
     pos = np.arange(0, np.float32(95.0).view(np.int32), 97, dtype=np.int32).view(np.float32)
