@@ -678,10 +678,10 @@ def exp_float32(module: ir.Module, x: ir.Value, b: ir.IRBuilder) -> ir.Value:
     :func:`_exp_normal`, which adds ``n`` to the result's exponent field with one integer add, and any other
     step branches to :func:`_exp_any` (the clamp, and two exponent-field products ``2^(n>>1)
     2^(n-(n>>1))``, so results that overflow become inf and subnormal ones round once more instead of
-    flushing; NaN stays NaN). Measured (1 thread, Zen 4, AVX2 code, 64 Ki floats in L2): 11.6 -> 8.8 cycles
-    per 8 lanes; with AVX-512 the branch and the integer add lose to ``vscalefps`` (6.4 -> 6.8). At most
-    1 ulp from the correctly rounded result over the whole float range (tests/codegen/test_codegen.py
-    measures it).
+    flushing; NaN stays NaN). Measured (1 thread, Zen 4, AVX2 code, 64 Ki floats in L2): 11.6 -> 8.8 and
+    13.7 -> 10.3 cycles per 8 lanes in two runs; with AVX-512 the branch and the integer add lose to
+    ``vscalefps`` (6.4 -> 6.8). At most 1 ulp from the correctly rounded result over the whole float range
+    (tests/codegen/test_codegen.py measures it).
     """
     ty = x.type
     if isinstance(ty, ir.VectorType) and ty.count == 16:
