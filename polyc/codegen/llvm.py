@@ -222,14 +222,14 @@ def emit_block(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) 
     (:func:`_launder`)."""
     children = node.block_get_children()
     nodes = [children.get_at(i) for i in range(children.n_ast_node())]
-    saved = dict(r.tensors)
+    saved = dict(r.tensors)  # the block's laundered pointers end with it
     try:
         for i, child in enumerate(nodes):
             block = emit_node(k, r, child, block)
             if i + 1 < len(nodes) and child.get_type() == _NODE.for_:
                 reduced = {s.tensor for s in _statements(k, [child]) if s.op not in ("=", "init")}
-                later = _statements(k, nodes[i + 1:])
-                for tensor in sorted(reduced & {t for s in later for t in _transposed_reads(s)}):
+                transposed = {t for s in _statements(k, nodes[i + 1:]) for t in _transposed_reads(s)}
+                for tensor in sorted(reduced & transposed):
                     r.tensors[tensor] = _launder(ir.IRBuilder(block), r.tensors[tensor])
     finally:
         r.tensors.clear()

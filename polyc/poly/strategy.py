@@ -413,9 +413,11 @@ def _tile_rows(vectors: int, vector_lanes: int, vector_registers: int, width, re
     # fewer rows where their tiles fill the FMA pipes ROWS_MIN_GAIN better and still hold a quarter more
     # accumulators than FMA_IN_FLIGHT: 55 pixels as 11 tiles of 5 instead of 9 of 6 and one of 1
     # (rows of whole vectors only: the estimate counts ``vectors`` accumulators a row)
-    enough = -(-5 * FMA_IN_FLIGHT // 4)
     best = spread(rows)
-    for r in range(rows - 1, 0, -1) if pieces == vectors else ():
+    if pieces != vectors:
+        return best
+    enough = -(-5 * FMA_IN_FLIGHT // 4)
+    for r in range(rows - 1, 0, -1):
         if r * pieces >= enough and _fma_efficiency(spread(r), vectors, height) >= \
                 ROWS_MIN_GAIN * _fma_efficiency(best, vectors, height):
             best = spread(r)
