@@ -11,6 +11,7 @@ import polyc
 import polyc.onnx as ponnx
 from polyc.onnx import graph as G
 from polyc.onnx import passes
+from polyc.onnx.fusion import fusion_groups
 from polyc.onnx.layout import LAYOUT_ATTR, NCHW_IN, NHWC, find_regions
 from polyc.onnx.load import load_model
 from targets import RUNNABLE_CPUS
@@ -110,6 +111,30 @@ def test_mobilenet_stage_runs_channels_last(monkeypatch):
     assert transposes == [[0, 3, 1, 2]]
     assert g.graph["tensors"][y].shape == (1, 32, 14, 14)
     check_against_onnxruntime(model, [1, 16, 28, 28], monkeypatch)
+
+
+def test_a_pointwise_convolution_of_a_region_runs_over_the_flattened_pixels(monkeypatch):
+    """Each 1x1 convolution inside a region (not its head, which reads NCHW) runs over (N, 1, H*W, C), its
+    register tile's rows over the 196 pixels instead of one row of 14, and the elementwise nodes its group
+    takes in (ReLU6, the residual Add of an NHWC image) with it: each group is still one kernel, the
+    Reshapes around it are aliases, and the depthwise convolutions keep their images."""
+    net = Net([1, 16, 14, 14])
+    h = net.clip(net.conv("x", 16, 16))
+    y = inverted_residual(net, inverted_residual(net, h, 16, 4), 16, 6)
+    model = net.model([y])
+    g = simplified(model)
+    tensors = g.graph["tensors"]
+    pointwise = [n for n in nhwc_convs(g) if g.nodes[n]["attrs"]["kernel_shape"] == [1, 1]]
+    depthwise = [n for n in nhwc_convs(g) if g.nodes[n]["attrs"]["kernel_shape"] == [3, 3]]
+    assert len(pointwise) == 4 and len(depthwise) == 2 and len(nhwc_convs(g, NCHW_IN)) == 1
+    for n in pointwise:
+        x, out = (tensors[t].shape for t in (g.nodes[n]["inputs"][0], g.nodes[n]["outputs"][0]))
+        assert x[:3] == out[:3] == (1, 1, 196)
+    for n in depthwise:
+        assert tensors[g.nodes[n]["outputs"][0]].shape[:3] == (1, 14, 14)
+    kernels = sorted("+".join(grp.ops) for grp in fusion_groups(g) if grp.kind == "kernel")
+    assert kernels.count("Conv+Add") == 2 and kernels.count("Conv+Clip") == 5
+    check_against_onnxruntime(model, [1, 16, 14, 14], monkeypatch)
 
 
 @pytest.mark.parametrize("dw", [dict(pads=[0, 1, 2, 1]), dict(auto_pad="SAME_UPPER"), dict(auto_pad="VALID"),
