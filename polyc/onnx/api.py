@@ -181,7 +181,9 @@ class CompiledModel:
             return self._variants[key]
 
     def profile(self, feeds: Mapping[str, np.ndarray], repeat: int = 1) -> list:
-        """``(seconds, group, kernel name)`` per kernel group, slowest first, averaged over ``repeat`` runs.
+        """``(seconds, group, kernel name)`` per kernel group, slowest first, averaged over ``repeat`` runs
+        after one unrecorded warm-up run (a fresh arena's first writes page-fault: the first kernel to write a
+        large tensor, a network's stem, measured 2x its time in that run).
 
         Per-kernel times need the Python-driven executor: unless the model already runs on one, the first
         call builds one, which JIT-compiles each kernel on its own (from the disk cache when it can).
@@ -193,6 +195,7 @@ class CompiledModel:
         if self._profiler is None:
             self._profiler = self.executor if isinstance(self.executor, PythonExecutor) \
                 else PythonExecutor(self.executor.program)
+        self._profiler.run(checked)
         for _ in range(repeat):
             self._profiler.run(checked, profile=times)
         names = {s.group: s.name for s in self.steps}
