@@ -63,6 +63,7 @@ def test_no_block_loop_where_the_loops_do_not_have_that_shape():
 def test_the_rule_wants_few_rows_and_two_blocks_in_l2():
     target = dataclasses.replace(host_target(), l2_bytes=1 << 20)
     assert pays(target, 7, 16 << 10) and pays(target, MAX_ROWS, 512 << 10)
+    assert pays(target, 10, 16 << 10)  # 49 flattened pixels in register tiles of 5 rows (AVX2)
     assert not pays(target, MAX_ROWS + 1, 16 << 10)
     assert not pays(target, None, 16 << 10)
     assert not pays(target, 7, (512 << 10) + 4)  # the next block would not fit beside this one
