@@ -43,30 +43,29 @@ I32, I64, PTR = X.I32, X.I64, X.PTR
 #: x86's cache line, in bytes: one prefetch per line of a vector read wider than that.
 CACHE_LINE_BYTES = 64
 
-#: The row loop re-reads a block at most this many times where :func:`pays` prefetches.
-MAX_ROWS = 16
+#: A block is re-read by at most this many rows of register tiles (the row loop's trip count times the unrolled
+#: rows of each tile: the pixels that share the block) where :func:`pays` prefetches.
+MAX_ROWS = 64
 
 
 def pays(target: Target, rows: int | None, block_bytes: int) -> bool:
-    """Whether prefetching the next block pays by default: a block re-read by at most :data:`MAX_ROWS` register
-    tiles (the first, cold pass is then a large part of the block's time) whose next block fits beside it in a
-    quarter of the L2 (``target.l2_bytes``).
+    """Whether prefetching the next block pays by default: a block re-read by at most :data:`MAX_ROWS` rows of
+    register tiles (``rows``: the first, cold pass is then a large part of the block's time: fetching the
+    block costs its bytes over the memory bandwidth, computing with it a time proportional to the rows that
+    share it, whatever the vector width, as AVX2 and AVX-512 code run the same FMAs a cycle on these cores)
+    whose next block fits beside it in a quarter of the L2 (``target.l2_bytes``).
 
     Measured on ResNet-50's convolutions, each alone with prefetch forced on against off (1 thread, AMD Zen 4,
     L2 1 MiB; weights cold / warm): with AVX-512 the 1x1 ones of the last stage, 16 KiB blocks re-read by 7
-    register tiles, ran 1.17 / 1.16x (1024->2048 /2), 1.00 / 1.14x (512->2048) and 1.13 / 1.10x (2048->512)
-    faster; the 3x3 512 at 7x7 (288 KiB blocks, 7 rows) 0.99 / 1.01x with AVX-512 and 1.06 / 1.05x with AVX2;
-    no other convolution of the model has a row loop and a block loop. On Zen 5 the 3x3 512 at 7x7, then with
-    590 KiB blocks (the next one does not fit beside it in a 1 MiB L2), ran 1.16x *slower* prefetching them:
-    the prefetched block evicts the one being re-read.
-
-    The bound was 8 rows, the most measured then; a region's 1x1 convolutions over flattened pixels
-    (:func:`polyc.onnx.passes.flatten_pointwise_conv`) gave the last stage's 49 pixels 9 and 10 register tiles
-    of 5 rows with AVX2, and prefetching their 16 KiB blocks ran them 1.19x / 1.08x (2048->512) and 1.17x
-    (512->2048, cold) faster; 39 tiles (196 pixels) level (1.00 / 0.97 cold, AVX2; 1.03 / 1.00 AVX-512).
-    Raising it to 16 changes 3-22 kernels of each of ten benchmark models; whole models, one process, 1
-    thread, AVX2 / AVX-512: ResNet-50 1.009 / 1.006x, EfficientNet-B0 1.014 / 1.016, SqueezeNet 1.022 /
-    1.020, MobileNetV2 0.993 / 0.995.
+    register tiles of 7 rows, ran 1.17 / 1.16x (1024->2048 /2), 1.00 / 1.14x (512->2048) and 1.13 / 1.10x
+    (2048->512) faster; the 3x3 512 at 7x7 (288 KiB blocks, 7 x 7 rows) 0.99 / 1.01x with AVX-512 and 1.06 /
+    1.05x with AVX2. Over flattened pixels (:func:`polyc.onnx.passes.flatten_pointwise_conv`) the 49-pixel
+    ones have 10 tiles of 5 rows with AVX2: 1.19-1.27x (2048->512, cold), 1.08x warm, 1.17x (512->2048,
+    cold); 196 pixels (39 tiles of 5, or 28 of 7 with AVX-512) level: 1.00 / 0.97 (AVX2, cold), 1.03 / 1.00
+    (AVX-512). The bound was once 8 *tiles*: that gave the 49 AVX2 pixels no prefetch, and 16 tiles (up to
+    128 rows) measured 0.99-1.00x on whole models with AVX-512 against 0.99-1.02x with AVX2. On Zen 5 the
+    3x3 512 at 7x7, then with 590 KiB blocks (the next one does not fit beside it in a 1 MiB L2), ran 1.16x
+    *slower* prefetching them: the prefetched block evicts the one being re-read.
     """
     return rows is not None and rows <= MAX_ROWS and 2 * block_bytes <= target.l2_bytes
 
@@ -74,8 +73,9 @@ def pays(target: Target, rows: int | None, block_bytes: int) -> bool:
 def next_block(loops: list[Loop], args: dict[str, isl.AstExpr], read: L.Access):
     """``(block loop, rows, block elements, first copy)`` for a read of a packed constant by a statement
     whose indices are the isl AST expressions ``args``, inside ``loops`` (outermost first); None when
-    the loops do not have the shape the module doc describes. ``rows`` is None when a row loop's trip count is
-    not a constant."""
+    the loops do not have the shape the module doc describes. ``rows``: the row loop's trip count times the
+    unrolled rows inside it (the rows of register tiles that re-read the block), None when one of those
+    trip counts is not a constant."""
     used = set(index_names(read))
     indexes = lambda loop: any(uses_id(args[i], loop.name) for i in used if i in args)  # noqa: E731
     rows, elements, first, row_loop = 1, 1, True, False
@@ -86,8 +86,9 @@ def next_block(loops: list[Loop], args: dict[str, isl.AstExpr], read: L.Access):
             if loop.trip is None:
                 return None
             elements *= loop.trip
-        elif loop.kind == "unrolled":
+        elif loop.kind == "unrolled":  # the register tile's rows
             first = first and loop.first
+            rows = None if rows is None or loop.trip is None else rows * loop.trip
         elif loop.kind == "sequential":
             row_loop = True
             rows = None if rows is None or loop.trip is None else rows * loop.trip

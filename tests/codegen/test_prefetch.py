@@ -43,9 +43,9 @@ def _with(name: str, **changes) -> list[Loop]:
 
 
 def test_the_block_loop_is_the_first_loop_along_the_read_outside_the_row_loop():
-    """c9 and c7 span the block (32 x 128 elements), c4 re-reads it 7 times, c3's next iteration reads the next
-    block; the first copy of the unrolled rows prefetches, the others do not."""
-    assert next_block(LOOPS, ARGS, READ) == (LOOPS[1], 7, 32 * 128, True)
+    """c9 and c7 span the block (32 x 128 elements), c4's 7 register tiles of 7 rows (c8) re-read it, c3's next
+    iteration reads the next block; the first copy of the unrolled rows prefetches, the others do not."""
+    assert next_block(LOOPS, ARGS, READ) == (LOOPS[1], 7 * 7, 32 * 128, True)
     assert next_block(_with("c8", first=False), ARGS, READ)[3] is False
     assert next_block(_with("c4", trip=None), ARGS, READ)[1] is None  # rows unknown: pays() says no
 
@@ -62,11 +62,12 @@ def test_no_block_loop_where_the_loops_do_not_have_that_shape():
 
 def test_the_rule_wants_few_rows_and_two_blocks_in_l2():
     target = dataclasses.replace(host_target(), l2_bytes=1 << 20)
-    assert pays(target, 7, 16 << 10) and pays(target, MAX_ROWS, 512 << 10)
-    assert pays(target, 10, 16 << 10)  # 49 flattened pixels in register tiles of 5 rows (AVX2)
+    assert pays(target, 7 * 7, 16 << 10) and pays(target, MAX_ROWS, 512 << 10)
+    assert pays(target, 10 * 5, 16 << 10)  # 49 flattened pixels in 10 register tiles of 5 rows (AVX2)
+    assert not pays(target, 39 * 5, 16 << 10)  # 196 pixels
     assert not pays(target, MAX_ROWS + 1, 16 << 10)
     assert not pays(target, None, 16 << 10)
-    assert not pays(target, 7, (512 << 10) + 4)  # the next block would not fit beside this one
+    assert not pays(target, 7 * 7, (512 << 10) + 4)  # the next block would not fit beside this one
 
 
 @pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
