@@ -490,10 +490,14 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
     weights and 128-row GEMMs unchanged. A weight matrix within L2 (MobileNetV2's) or a batched GEMM's
     per-batch operand (attention's) keeps the order above: the rule without those two conditions made
     MobileNetV2 8% and the ViT 15% slower (1 thread, AVX-512). When every row times the *whole* reduction
-    fits in that budget, the reduction is not tiled: each sliver is then one contiguous stream of the packed
-    weights, and the accumulators stay in registers from its first step to its last. ResNet-50's last-stage
-    1x1 convolutions over 49 flattened pixels, weights cold (1 thread, Zen 4, AVX-512 / AVX2): 512 -> 2048
-    1.11x / 1.09x faster than with kc = 256, 2048 -> 512 1.02x / 1.02x."""
+    fits in that budget and a step brings nothing but the sliver's NR columns into L1 (``step_bytes``: the
+    rows are read along their own lines, as a flattened channels-last image's pixels), the reduction is not
+    tiled: each sliver is then one contiguous stream of the packed weights, and the accumulators stay in
+    registers from its first step to its last. ResNet-50's last-stage 1x1 convolutions over 49 flattened
+    pixels, weights cold (1 thread, Zen 4, AVX-512 / AVX2): 512 -> 2048 1.11x / 1.09x faster than with kc =
+    256, 2048 -> 512 1.02x / 1.02x. Rows that jump lines every step (an NCHW input's 7 pixels, 196 bytes
+    apart, read by a convolution the lowering computes channels-last) keep the L1 rule's tile: untiled, the
+    same two convolutions ran 0.89x / 0.91x with AVX2 (1.09x / 0.97x with AVX-512)."""
     if options.tile_sizes:
         sizes = [options.tile_sizes[j % len(options.tile_sizes)] for j in range(len(order))]
     else:
@@ -535,7 +539,7 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
             clipped[reductions[0]] //= 2
         rows = [j for j, k in enumerate(order) if coincident[k] and k != v]
         block = math.prod(extents[order[j]] for j in rows) * itemsize  # every row's bytes per reduction step
-        if shared_panel and block * extents[order[reductions[0]]] <= budget:
+        if shared_panel and step_bytes <= nr * itemsize and block * extents[order[reductions[0]]] <= budget:
             clipped[reductions[0]] = extents[order[reductions[0]]]  # the whole reduction: see above
         if shared_panel and block * clipped[reductions[0]] <= budget:
             for j in rows:  # every row in one block, each NR-wide sliver of the vector operand used by all
@@ -553,12 +557,15 @@ def micro_step_bytes(stmt: PolyStatement, scop: Scop, u_index: str, v_index: str
     over ``(u_index, v_index)``: for each read that jumps a line or more per step, the cache lines (64 bytes)
     its ``nr`` columns or else its ``mr`` rows span (7 pixels of an image row, 196 bytes apart: 2 lines, as a
     row not a whole number of lines apart may straddle one). A read along its own lines (GEMM's ``A`` rows, a
-    flattened channels-last image's pixels: MR x 4 bytes a step) counts nothing: counted, it halved the
-    reduction tile of every AVX-512 GEMM and 1x1 convolution on a 32 KiB L1d (8 rows x 4 + 128 = 160 bytes a
-    step), and kc = 256 ran faster than 128 everywhere measured (1 thread, Zen 4, weights cold: ResNet-50's
-    1x1 convolutions over flattened pixels 1.00-1.13x; SGEMM 512-2048 1.00-1.02x). 0 when some access is not
-    affine. For :func:`cache_tile_sizes`' L1 rule."""
-    total = 0
+    flattened channels-last image's pixels) counts ``count x jump`` bytes (MR x 4 a step) only beside a read
+    whose steps are not a whole number of lines (an unpacked image's 196-byte rows, which touch more lines
+    than they use): counted everywhere, it halved the reduction tile of every AVX-512 GEMM and channels-last
+    1x1 convolution on a 32 KiB L1d (8 rows x 4 + 128 = 160 bytes a step), where kc = 256 ran faster than 128
+    on every shape measured (1 thread, Zen 4, weights cold: ResNet-50's 1x1 convolutions over flattened
+    pixels 1.00-1.13x; SGEMM 512-2048 1.00-1.02x); not counted beside 196-byte rows, ResNet-50's NCHW 1x1
+    convolutions at 7x7 (vectors over the 49 pixels) got kc = 256 instead of 128 with AVX2 and ran 0.91x.
+    0 when some access is not affine. For :func:`cache_tile_sizes`' L1 rule."""
+    total, along_lines, straddles = 0, 0, False
     for read in accesses_in(stmt.rhs):
         tensor = scop.tensor(read.tensor)
         item = L.itemsize(tensor.dtype)
@@ -573,7 +580,10 @@ def micro_step_bytes(stmt: PolyStatement, scop: Scop, u_index: str, v_index: str
         span = ((count - 1) * spacing + 1) * item if spacing else item
         if jump * item >= 64:  # a line or more per step; a row not a whole number of lines may straddle one
             total += (-(-span // 64) + bool(jump * item % 64)) * 64
-    return total
+            straddles = straddles or bool(jump * item % 64)
+        else:  # each row or column moves along its own lines: count x the jump, amortized
+            along_lines += count * jump * item
+    return total + along_lines if straddles else total
 
 
 #: The share of an even split the busiest thread may exceed by at most 1/PARALLEL_BALANCE: a parallel tile loop

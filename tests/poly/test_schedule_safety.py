@@ -520,7 +520,8 @@ def test_a_compile_the_time_box_cut_off_is_not_cached(monkeypatch, tmp_path):
 def test_a_single_reduction_tile_keeps_the_micro_panels_in_l1():
     """cache_tile_sizes' L1 rule: with one reduction loop, ``kc x step_bytes`` fits in L1d (halved down to
     16); window loops below the band (``depth``) or several reductions leave the tile alone. micro_step_bytes
-    counts lines for a read that jumps a line per step, nothing for one read along its rows."""
+    counts lines for a read that jumps a line per step; a read along its rows counts only beside one whose
+    steps straddle lines."""
     target = Target("x86_64-unknown-linux-gnu", "znver5", "", 512, 2, 49152, 1 << 20, 32 << 20, 32)
     order, coincident, extents = [0, 1, 2], [True, True, False], [7, 2048, 512]
     tiles = lambda **kw: strategy.cache_tile_sizes(order, 0, 1, coincident, extents, polyc.Options(), target,  # noqa
@@ -539,6 +540,11 @@ def test_a_single_reduction_tile_keeps_the_micro_panels_in_l1():
     scop = scop_of(gemm, M=512, K=512, N=512)
     stmt = next(s for s in scop.statements if s.op == "+=")
     assert strategy.micro_step_bytes(stmt, scop, "m", "n", "k", 8, 32) == 128  # A along its rows: nothing
+    nchw = "def pw(float(C,P) X, float(M,C) W) -> (T) { T(m, p) +=! W(m, c) * X(c, p) }"
+    scop = scop_of(nchw, C=512, P=49, M=2048)
+    stmt = next(s for s in scop.statements if s.op == "+=")
+    # X's 196-byte rows straddle lines (16 pixels: 2 lines), so W's 6 rows along their lines count: 6 x 4
+    assert strategy.micro_step_bytes(stmt, scop, "m", "p", "c", 6, 16) == 128 + 6 * 4
 
 
 @pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
@@ -607,19 +613,20 @@ def test_gemms_whose_rows_tile_grew_match_numpy(cpu, monkeypatch):
 def test_a_shared_weight_panel_is_streamed_in_slivers_over_all_rows():
     """cache_tile_sizes with ``shared_panel``: when every row times the reduction tile fits in half of L2, the
     rows are one block (whole register tiles) and ``v`` one NR sliver, and when every row times the whole
-    reduction fits, the reduction is not tiled; too many rows, or no shared panel, keep the
-    rows-outside-columns tiles. streams_panel: a 1x1 convolution's weights larger than L2 are such
+    reduction fits and a step brings only the sliver's columns (rows read along their lines), the reduction
+    is not tiled; too many rows, or no shared panel, keep the rows-outside-columns tiles. streams_panel: a 1x1 convolution's weights larger than L2 are such
     a panel; the same weights within L2, or a batched GEMM's per-batch operand, are not."""
     target = Target("x86_64-unknown-linux-gnu", "znver5", "", 512, 2, 49152, 1 << 20, 32 << 20, 32)
     order, coincident = [0, 1, 2, 3], [True, True, True, False]  # [h, w, m, c]: P = [h], u = w, v = m
 
-    def tiles(extents, shared=True):
+    def tiles(extents, shared=True, step_bytes=256):
         return strategy.cache_tile_sizes(order, 1, 2, coincident, extents, polyc.Options(), target, 7, 32,
-                                         step_bytes=256, shared_panel=shared)
+                                         step_bytes=step_bytes, shared_panel=shared)
 
-    assert tiles([7, 7, 2048, 512]) == [7, 7, 32, 512]        # 49 x 512 x 4 fits: the whole reduction
-    assert tiles([7, 5, 2000, 512]) == [7, 7, 32, 512]        # rows in whole register tiles
-    assert tiles([7, 7, 2048, 8192]) == [7, 7, 32, 128]       # 49 x 8192 x 4 does not: kc 128 (L1 rule)
+    assert tiles([7, 7, 2048, 512]) == [7, 7, 32, 128]        # rows jumping lines: kc 128 from the L1 rule
+    assert tiles([7, 5, 2000, 512]) == [7, 7, 32, 128]        # rows in whole register tiles
+    assert tiles([7, 7, 2048, 512], step_bytes=128) == [7, 7, 32, 512]   # along their lines: all of it
+    assert tiles([7, 7, 2048, 8192], step_bytes=128) == [7, 7, 32, 256]  # 49 x 8192 x 4 does not fit
     assert tiles([7, 7, 2048, 512], shared=False)[2] == 256   # no shared panel: the nc block
     assert tiles([56, 56, 256, 512])[2] == 256                # 3136 rows x kc: beyond half of L2
     src = "def pw(float(H,W,C) X, float(C,M) Wt) -> (Y) { Y(h,w,m) +=! X(h,w,c) * Wt(c,m) }"
