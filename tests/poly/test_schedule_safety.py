@@ -519,7 +519,7 @@ def test_a_compile_the_time_box_cut_off_is_not_cached(monkeypatch, tmp_path):
 
 def test_a_single_reduction_tile_keeps_the_micro_panels_in_l1():
     """cache_tile_sizes' L1 rule: with one reduction loop, ``kc x step_bytes`` fits in L1d (halved down to
-    16); window loops below the band (``depth``) or several reductions leave the tile alone. micro_step_bytes
+    16, grown up to KC_MAX, then split into equal tiles); window loops below the band (``depth``) or several reductions leave the tile alone. micro_step_bytes
     counts lines for a read that jumps a line per step; a read along its rows counts only beside one whose
     steps straddle lines."""
     target = Target("x86_64-unknown-linux-gnu", "znver5", "", 512, 2, 49152, 1 << 20, 32 << 20, 32)
@@ -531,6 +531,12 @@ def test_a_single_reduction_tile_keeps_the_micro_panels_in_l1():
     assert tiles(step_bytes=160)[2] == 256          # GEMM's 8 rows of A + 2 lines of B: 40 KiB
     assert tiles(step_bytes=100000)[2] == 16        # never below 16
     assert tiles(step_bytes=256, depth=9)[2] == 256  # a 3x3 window below the band: not this rule
+    assert tiles(step_bytes=64)[2] == 512           # grown to KC_MAX: 64 x 512 = 32 KiB
+    assert tiles(step_bytes=96)[2] == 512           # 48 KiB: still fits
+    extents[2] = 768
+    assert tiles(step_bytes=64)[2] == 384           # 768 as two equal tiles, not 512 + 256
+    assert tiles()[2] == 256                        # no step_bytes: the default tile
+    extents[2] = 512
     src = "def pw(float(C,P) X, float(C,M) Wt) -> (T) { T(p, m) +=! X(c, p) * Wt(c, m) }"
     scop = scop_of(src, C=512, P=49, M=2048)
     stmt = next(s for s in scop.statements if s.op == "+=")
