@@ -21,8 +21,13 @@ the loops that index the packed read (``c9``, ``c7``) span the block; the sequen
 the *row loop*; unrolled ones must be at their first copy) re-read it; the first loop out from there that
 indexes the read (``c3``) is the block loop, whose next iteration reads the next block. Nothing is prefetched
 when a loop spanning the block has no constant bound on its trip count (:func:`~polyc.codegen.region.trip_bound`),
-the block loop is not a plain sequential loop, or there is no row loop (a block read once streams, and the
-hardware prefetcher follows a stream).
+the block loop is neither a sequential loop nor a parallel one, or there is no row loop (a block read once
+streams, and the hardware prefetcher follows a stream). A parallel block loop qualifies because each thread runs
+a chunk of its consecutive iterations (:func:`polyc.codegen.llvm.emit_parallel_for`): the next iteration is the
+thread's next block, but for the chunk's last. Measured (2 threads, Zen 4, weights cold, prefetch forced on
+against off): AVX2 ResNet-50's 1x1 convolutions over 49 flattened pixels, whose parallel loop runs 16-column
+slivers of the weights, 1.21x (512 -> 2048) and 1.13x (2048 -> 512), MobileNetV2's 1.08-1.17x; AVX-512 level
+(0.97-1.03x); whole ResNet-50 1.00-1.02x with AVX2 (three runs), 1.01x with AVX-512.
 
 :func:`pays` (``Options.prefetch=None``) keeps it where it was measured to help (see there).
 """
@@ -82,7 +87,8 @@ def next_block(loops: list[Loop], args: dict[str, isl.AstExpr], read: L.Access):
     for loop in reversed(loops):
         if indexes(loop):
             if row_loop:
-                return (loop, rows, elements, first) if loop.kind == "sequential" and loop.step else None
+                return (loop, rows, elements, first) if loop.kind in ("sequential", "parallel") and loop.step \
+                    else None
             if loop.trip is None:
                 return None
             elements *= loop.trip

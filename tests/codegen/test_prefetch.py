@@ -51,11 +51,13 @@ def test_the_block_loop_is_the_first_loop_along_the_read_outside_the_row_loop():
 
 
 def test_no_block_loop_where_the_loops_do_not_have_that_shape():
-    """Nothing is prefetched without a row loop (a block read once streams), when the block loop is parallel
-    or the span of the block is not a constant, or when a vector loop does not move along the read."""
+    """Nothing is prefetched without a row loop (a block read once streams), when the span of the block is not
+    a constant, or when a vector loop does not move along the read. A parallel block loop is one: each thread
+    runs a chunk of its consecutive iterations, so the next iteration is the thread's next block."""
     no_rows = [loop for loop in LOOPS if loop.name != "c4"]
     assert next_block(no_rows, ARGS, READ) is None
-    assert next_block(_with("c3", kind="parallel"), ARGS, READ) is None
+    assert next_block(_with("c3", kind="parallel"), ARGS, READ)[0].name == "c3"
+    assert next_block(_with("c3", kind="parallel", step=None), ARGS, READ) is None  # no constant step
     assert next_block(_with("c7", trip=None), ARGS, READ) is None
     assert next_block(LOOPS, dict(ARGS, m=_id("c2")), READ) is None  # c9 vectorizes rows, not the read
 
@@ -71,12 +73,13 @@ def test_the_rule_wants_few_rows_and_two_blocks_in_l2():
 
 
 @pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
-@pytest.mark.parametrize("c,hw,m", [(512, 7, 256), (300, 5, 200)])
-def test_prefetching_kernels_give_the_same_bits(monkeypatch, cpu, c, hw, m):
+@pytest.mark.parametrize("c,hw,m,threads", [(512, 7, 256, 1), (300, 5, 200, 1), (512, 7, 256, 2)])
+def test_prefetching_kernels_give_the_same_bits(monkeypatch, cpu, c, hw, m, threads):
     """A pointwise convolution with its filter a packed constant (blocks of the reduction re-read by a row
     loop): forced on, the IR prefetches; the result is bit for bit that without prefetch and the default's,
     and numpy's within float32 rounding. 300 input channels end in a partial block (its prefetch points past
-    the packed buffer), 200 output channels in a partial panel."""
+    the packed buffer), 200 output channels in a partial panel; on two threads the block loop is the
+    parallel one (each chunk prefetches its next block; the last one's points past the chunk)."""
     monkeypatch.setenv("POLYC_CPU", cpu)
     monkeypatch.setenv("POLYC_CACHE_DIR", "off")
     rng = np.random.default_rng(3)
@@ -84,7 +87,7 @@ def test_prefetching_kernels_give_the_same_bits(monkeypatch, cpu, c, hw, m):
     w = rng.standard_normal((c, m)).astype(np.float32)
     results = {}
     for prefetch in (False, None, True):
-        kernel = polyc.define(POINTWISE, options=Options(threads=1, prefetch=prefetch))
+        kernel = polyc.define(POINTWISE, options=Options(threads=threads, prefetch=prefetch))
         compiled = kernel.specialize_sizes(kernel.bind_sizes([x.shape, w.shape]), constants=frozenset({"Wt"}))
         assert compiled.tensors[1].packed
         calls = compiled.stage("llvm").count('call void @"llvm.prefetch.p0"')
