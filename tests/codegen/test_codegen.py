@@ -952,7 +952,8 @@ def test_inline_exp_float32_is_within_one_ulp_everywhere(monkeypatch, cpu):
     """The inline float32 exp (AVX-512's vscalefps path in 16-lane vectors; elsewhere, in AVX2 vectors and the
     scalar remainder, one integer add to the exponent field where every lane of a step gives a normal float
     and the two-step exponent-field scaling in any other step) against float64 numpy over a sweep of every
-    97th float in [-110, 95] (its steps near -86.5 and 88 mix both kinds of lanes), plus overflow, underflow
+    97th float in [-110, 95] (its steps near -87.0 and 88.4, where n leaves [-125, 127], mix both kinds of
+    lanes), plus overflow, underflow
     to subnormals and zero, infinities and NaN."""
     _target_cpu(monkeypatch, cpu)
     k = polyc.define("def e(float(N) X) -> (Y) { Y(i) = exp(X(i)) }")
