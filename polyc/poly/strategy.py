@@ -383,6 +383,7 @@ def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: i
 
 
 KC_MAX = 512  #: :func:`cache_tile_sizes` grows a single reduction tile up to this depth while it fits in L1.
+
 #: :func:`register_tile_sizes` takes three vectors of columns instead of two where that raises the estimated
 #: FMA-pipe occupancy (:func:`_fma_efficiency`) by at least this factor.
 WIDEN_MIN_GAIN = 1.1

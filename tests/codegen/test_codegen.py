@@ -953,8 +953,7 @@ def test_inline_exp_float32_is_within_one_ulp_everywhere(monkeypatch, cpu):
     scalar remainder, one integer add to the exponent field where every lane of a step gives a normal float
     and the two-step exponent-field scaling in any other step) against float64 numpy over a sweep of every
     97th float in [-110, 95] (its steps near -87.0 and 88.4, where n leaves [-125, 127], mix both kinds of
-    lanes), plus overflow, underflow
-    to subnormals and zero, infinities and NaN."""
+    lanes), plus overflow, underflow to subnormals and zero, infinities and NaN."""
     _target_cpu(monkeypatch, cpu)
     k = polyc.define("def e(float(N) X) -> (Y) { Y(i) = exp(X(i)) }")
     pos = np.arange(0, np.float32(95.0).view(np.int32), 97, dtype=np.int32).view(np.float32)

@@ -519,9 +519,9 @@ def test_a_compile_the_time_box_cut_off_is_not_cached(monkeypatch, tmp_path):
 
 def test_a_single_reduction_tile_keeps_the_micro_panels_in_l1():
     """cache_tile_sizes' L1 rule: with one reduction loop, ``kc x step_bytes`` fits in L1d (halved down to
-    16, grown up to KC_MAX, then split into equal tiles); window loops below the band (``depth``) or several reductions leave the tile alone. micro_step_bytes
-    counts lines for a read that jumps a line per step; a read along its rows counts only beside one whose
-    steps straddle lines."""
+    16, grown up to KC_MAX, then split into equal tiles); window loops below the band (``depth``) or several
+    reductions leave the tile alone. micro_step_bytes counts lines for a read that jumps a line per step; a
+    read along its rows counts only beside one whose steps straddle lines."""
     target = Target("x86_64-unknown-linux-gnu", "znver5", "", 512, 2, 49152, 1 << 20, 32 << 20, 32)
     order, coincident, extents = [0, 1, 2], [True, True, False], [7, 2048, 512]
     tiles = lambda **kw: strategy.cache_tile_sizes(order, 0, 1, coincident, extents, polyc.Options(), target,  # noqa
