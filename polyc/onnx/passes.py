@@ -214,26 +214,29 @@ def decompose_batchnorm(g: nx.DiGraph) -> nx.DiGraph:
     return g
 
 
-def _conv_geometry(g: nx.DiGraph, d: dict):
-    """(strides, kernel, pads_begin, pads_end, out spatial) of a 2-D Conv with static shapes, or None."""
+def _conv_geometry(g: nx.DiGraph, d: dict, at: int = -2):
+    """(strides, kernel, pads_begin, out spatial) of a 2-D group-1 Conv with static shapes, or None; the
+    image's two spatial axes are ``at``, ``at + 1`` from the end (-2 in NCHW, -3 in NHWC)."""
     x, y = g.graph["tensors"].get(d["inputs"][0]), g.graph["tensors"].get(d["outputs"][0])
     w = g.graph["constants"].get(d["inputs"][1])
-    if x is None or y is None or w is None or x.shape is None or y.shape is None or len(x.shape) != 4:
+    if x is None or y is None or w is None or x.shape is None or y.shape is None or len(x.shape) != 4 \
+            or len(y.shape) != 4:
         return None
     a = d["attrs"]
-    if a.get("group", 1) != 1 or any(v != 1 for v in a.get("dilations", [1, 1])):
+    if int(a.get("group", 1)) != 1 or any(v != 1 for v in a.get("dilations", [1, 1])):
         return None
-    strides, kernel = list(a.get("strides", [1, 1])), list(w.shape[2:])
+    strides, kernel = list(a.get("strides", [1, 1])), list(np.asarray(w).shape[2:])
+    sx, sy = x.shape[4 + at:][:2], y.shape[4 + at:][:2]
     auto = a.get("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     if auto in ("SAME_UPPER", "SAME_LOWER"):
-        total = [max((y.shape[2 + i] - 1) * strides[i] + kernel[i] - x.shape[2 + i], 0) for i in range(2)]
+        total = [max((sy[i] - 1) * strides[i] + kernel[i] - sx[i], 0) for i in range(2)]
         pb = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
     elif auto == "VALID":
         pb = [0, 0]
     else:
         pb = list(a.get("pads", [0, 0, 0, 0]))[:2]
-    return strides, kernel, pb, list(y.shape[2:])
+    return strides, kernel, pb, list(sy)
 
 
 #: A strided convolution becomes a stride-1 one over its input's phases when its phases' boxes of taps cover
@@ -398,20 +401,16 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
             continue
         d = g.nodes[nid]
         layout = d["attrs"].get(LAYOUT_ATTR)
-        if d["op"] != "Conv" or d["inputs"][1] not in consts or layout not in (None, NHWC) \
-                or int(d["attrs"].get("group", 1)) != 1:
+        if d["op"] != "Conv" or d["inputs"][1] not in consts or layout not in (None, NHWC):
             continue
+        at = -3 if layout == NHWC else -2  # the image's axes from the end: -2, -1 in NCHW, -3, -2 in NHWC
+        geo = _conv_geometry(g, d, at)
+        if geo is None:
+            continue
+        strides, kernel, pb, out = geo
         x_shape, image = tensors[d["inputs"][0]].shape, tensors[d["outputs"][0]].shape
-        if x_shape is None or image is None or len(x_shape) != 4 or len(image) != 4:
-            continue
-        # the image's axes from the end: -2, -1 in NCHW, -3, -2 in NHWC
-        at = -3 if layout == NHWC else -2
         h, w = x_shape[at], x_shape[at + 1]
-        if list(np.asarray(consts[d["inputs"][1]]).shape[2:]) != [1, 1] \
-                or list(d["attrs"].get("strides", [1, 1])) != [1, 1] \
-                or tuple(image[at:at + 2 or None]) != (h, w) or h == 1 \
-                or d["attrs"].get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET", b"VALID", "VALID") \
-                or any(d["attrs"].get("pads", [0, 0, 0, 0])):
+        if kernel != [1, 1] or strides != [1, 1] or any(pb) or out != [h, w] or h == 1:
             continue
         if layout is None and channels_last(image, 1, True) and h * w < flatten_min_pixels():
             continue
