@@ -333,19 +333,16 @@ def register_tile_sizes(options: Options, vector_lanes: int, vector_registers: i
     a partial one, which codegen runs as power-of-two pieces (28 float32 with 16 lanes: 16 + 8 + 4, three
     registers, so 5 rows on AVX-512). A wider member keeps the full tiles' MR for its last, partial tile as
     well (on AVX2, 55 columns as 16 + 16 + 16 + 7: 2 rows for the sake of the 7 made a 3x3 convolution 1.7x
-    slower). Measured (1 thread, Zen 4, AVX2 and AVX-512): the fuller tiles that fit in theory,
-    ``(registers - 3) // 2`` (6 and 14), spill and lose up to 2x on 3x3 convolutions on both, while GEMM is
-    within a few percent either way; a 64-channel 3x3 convolution at 28x28 with 8 rows of three pieces spills
-    an accumulator in its inner loop and runs at 0.62 or 1.25 ms from one process to the next (where the
-    stack falls), with 5 rows 0.61 ms in every process.
+    slower). Measured (1 thread, Zen 4, both ISAs): the fuller tiles ``(registers - 3) // 2`` (6, 14) spill
+    and lose up to 2x on 3x3 convolutions, GEMM within a few percent; 8 rows of three pieces (64 channels at
+    28x28) spill in the inner loop: 0.62 or 1.25 ms by where the stack falls, 5 rows 0.61 in every process.
 
     Where half the registers hold fewer than a quarter more accumulators than :data:`FMA_IN_FLIGHT` (AVX2's 4
     rows of 2 vectors: exactly 8, no slack for a late load), the rows grow to ``ceil(1.25 x FMA_IN_FLIGHT /
     pieces)`` as long as two rows of the vector operand and two more registers stay free: 5 rows on AVX2
     (10 accumulators, 13 of the 16 registers, no spill in the inner loop), unchanged on AVX-512. Measured (1
-    thread, Zen 5 host running AVX2 code, 3x3 convolutions of ResNet-50 and SqueezeNet): 64 channels at 56x56
-    1.99 -> 1.89 ms, 128 at 28x28 1.94 -> 1.82, 256 at 14x14 2.12 -> 1.80, 16 -> 64 at 55x55 0.54 -> 0.49,
-    512 at 7x7 unchanged (its 7 rows spread as 4 + 3 either way).
+    thread, Zen 5, AVX2 code, 3x3 convolutions): 64 channels at 56x56 1.99 -> 1.89 ms, 128 at 28x28 1.94 ->
+    1.82, 256 at 14x14 2.12 -> 1.80, 16 -> 64 at 55x55 0.54 -> 0.49, 512 at 7x7 unchanged (7 rows as 4 + 3).
 
     A statement with a single reduction loop (``reductions``: those of extent above 1; GEMM, a 1x1
     convolution) has no window loops whose unrolled loads hold registers: it takes rows for one and a half
@@ -445,7 +442,7 @@ def row_registers(width: int, vector_lanes: int) -> int:
 
 def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target, mr: int, nr: int,
                      itemsize: int = 4, depth: int = 1, step_bytes: int = 0, n_threads: int = 1,
-                     shared_panel: bool = False):
+                     shared_panel: bool = False, dot: bool = False):
     """Tile sizes for the reordered band: the option, else ``u`` 16 x MR rows, ``v`` 256 columns (a multiple
     of NR), reductions 256 deep, other coincident members 8, none above its extent. Then the footprint of the
     operand that every register-tile row reuses (``v`` x the reduction tiles, GEMM's ``B`` block or a
@@ -461,11 +458,8 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
     n_threads`` of the rows (a parallel kernel's threads each keep blocks of rows: 256 x 256 x 256 in one
     block ran 35% slower on two threads with AVX-512). Measured (1 thread, this Zen 5 host,
     B pre-packed, GFLOP/s, 96/128 -> 256 rows): SGEMM 2048 112 -> 125 with AVX2 (OpenBLAS, whose kernel here
-    is its Haswell one, 128), 222 -> 238 with AVX-512; 1024 130 -> 126 and 252 -> 257; 256 unchanged.
-    SGEMM 512 with AVX2 goes 82 -> 134: that part is the unexplained AVX2 effect of row blocks whose last
-    register tile has 4 of 6 rows (64, 100 and 256 rows run at 130 GFLOP/s, 36-252 rows in multiples of 6
-    and 128 at 80-88, with B packed or not; padding B's rows from 2048 to 2080 bytes also makes it fast;
-    aligning the hot loop to 64 bytes does not).
+    is its Haswell one, 128), 222 -> 238 with AVX-512; 1024 130 -> 126 and 252 -> 257; 256 unchanged; 512
+    82 -> 134 with AVX2 (a data-placement effect the README's Tuning section describes).
 
     ``step_bytes`` (0: no such rule) is what one step of the reduction brings into L1 for one register tile
     (:func:`micro_step_bytes`) when the statement has a single reduction loop (GEMM, a 1x1 convolution): the
@@ -503,7 +497,12 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
     pixels, weights cold (1 thread, Zen 4, AVX-512 / AVX2): 512 -> 2048 1.11x / 1.09x faster than with kc =
     256, 2048 -> 512 1.02x / 1.02x. Rows that jump lines every step (an NCHW input's 7 pixels, 196 bytes
     apart, read by a convolution the lowering computes channels-last) keep the L1 rule's tile: untiled, the
-    same two convolutions ran 0.89x / 0.91x with AVX2 (1.09x / 0.97x with AVX-512)."""
+    same two convolutions ran 0.89x / 0.91x with AVX2 (1.09x / 0.97x with AVX-512).
+
+    ``dot`` (the vector loop is a reduction: a dot product per row, GEMV's ``y(n) += W(n, k) x(k)``): each
+    reduction whose extent x ``depth`` fits the L2 budget is not tiled, so a row is one stream, summed across
+    lanes once (256-deep tiles jumped between 8 rows every KiB). Zen 4, the 2048 -> 1000 head, weights cold:
+    0.53 -> 0.31 ms (AVX2), 0.48 -> 0.29 (AVX-512); whole CNNs 1.02-1.10x; nothing else in the models changes."""
     if options.tile_sizes:
         sizes = [options.tile_sizes[j % len(options.tile_sizes)] for j in range(len(order))]
     else:
@@ -523,6 +522,9 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
         step = multiple.get(k, 1)
         clipped.append(max(1, min(size, -(-extents[k] // step) * step)))
     if options.tile_sizes or u is None or v is None:
+        if dot and not options.tile_sizes:  # a row reduction along the vector loop: whole rows (see above)
+            clipped = [extents[k] if not coincident[k] and extents[k] * itemsize * depth <= target.l2_bytes // 2
+                       else t for t, k in zip(clipped, order)]
         return clipped
     budget = target.l2_bytes // 2
     pos_v = order.index(v)
@@ -619,9 +621,8 @@ def split_for_threads(order, coincident, extents, tiles, multiple, n_threads: in
     enough that the outermost loop the tiled band generates is coincident and keeps ``n_threads`` threads
     evenly busy (:func:`thread_balance` at least PARALLEL_BALANCE), when it would not: a small GEMM, 50 x 768
     x 192 in a ViT, is one tile of rows and one of columns, so the first loop with more than one iteration
-    was the reduction's and the kernel ran on one thread; 144 output channels in tiles of 128 ran as 128
-    and 16 on two threads. When every member is a single tile, :func:`mark_parallel` parallelizes a point
-    loop (the register tile's row blocks) and nothing changes here.
+    was the reduction's: one thread; 144 channels in tiles of 128 ran as 128 and 16 on two threads. When
+    every member is a single tile, :func:`mark_parallel` parallelizes a point loop (the row blocks).
 
     The member is one of the coincident members up to that first loop (those before it generate no loop)
     with the most blocks of its ``multiple`` (MR rows for ``u``, NR columns for ``v``, 1 else): the longer
@@ -711,7 +712,8 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
                                               member_index(node, u, stmt), member_index(node, v, stmt),
                                               target.l2_bytes)
     tiles = cache_tile_sizes(order, u, v, coincident, extents, options, target, mr, nr, itemsize, depth,
-                             step_bytes, threads(options, target) if parallel else 1, shared)
+                             step_bytes, threads(options, target) if parallel else 1, shared,
+                             v is None and reduction_member is not None)
     if parallel and options.tile and not options.tile_sizes:
         tiles = split_for_threads(order, coincident, extents, tiles, {u: mr, v: nr}, threads(options, target))
     rows = 1  # the rows (points of the coincident members but v) that read each panel of the vector operand
@@ -857,9 +859,7 @@ def _point_loops(point: isl.ScheduleNode, n_p: int, has_u: bool, n_r: int, mr: i
     leaves = _leaf_bands(node_at(schedule, inner_path), width)
     # full tiles again, now that the point bands sit below the reduction loops: a tile is full only when it
     # is for every value of those loops (a window loop near a padded border shortens the vector loop)
-    # With a register tile [u, v] the tile band is split into [u] over [v], each isolating its own member:
-    # isl isolates once per band, so a tile that is partial in rows only (a height that is not a multiple
-    # of MR) still gets whole vectors, and one partial in columns only still gets whole rows.
+    # ([u] over [v], each isolating its own member: see step 5 of the module doc)
     tile_path = inner_path[:-1]
     if width == 2:
         schedule = band_split(node_at(schedule, tile_path), 1).get_schedule()

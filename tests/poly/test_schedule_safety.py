@@ -585,6 +585,32 @@ def test_a_partial_vector_tile_of_many_pieces_gets_its_own_rows(cpu, monkeypatch
     np.testing.assert_allclose(two(x, w), expected, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+def test_a_dot_product_band_reads_whole_rows(cpu, monkeypatch):
+    """A GEMV whose matrix is in rows (a classifier head, ``Y(n) += W(n, k) X(k)``) vectorizes the reduction
+    (no register tile: one row of outputs) and does not tile it (cache_tile_sizes' ``dot`` rule): each row of
+    W is one stream, summed across lanes once. A reduction beyond half the L2 keeps its tiles. The results
+    are numpy's and the naive kernel's, also on two threads."""
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    target = Target("x86_64-unknown-linux-gnu", "znver3", "", 256, 2, 32768, 1 << 20, 32 << 20, 16)
+    tiles = lambda extents, **kw: strategy.cache_tile_sizes([0, 1], None, None, [True, False], extents,  # noqa
+                                                            polyc.Options(), target, 1, 16, **kw)
+    assert tiles([1000, 2048]) == [8, 256] and tiles([1000, 2048], dot=True) == [8, 2048]
+    assert tiles([1000, 1 << 18], dot=True) == [8, 256]  # 1 MiB of X per row: beyond half the L2
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((1000, 2048)).astype(np.float32)
+    x = rng.standard_normal((1, 2048)).astype(np.float32)
+    kernel = polyc.define("def head(float(B,K) X, float(N,K) W) -> (Y) { Y(b, n) +=! X(b, k) * W(n, k) }")
+    compiled = kernel.specialize(x, w)
+    ast = compiled.stage("ast")
+    assert "// vector" in ast and "<= 2047; c" in ast and "+= 256" not in ast, ast
+    np.testing.assert_allclose(compiled(x, w), x @ w.T, rtol=1e-4, atol=1e-3)
+    naive = kernel.specialize(x, w, options=polyc.Options.naive())
+    np.testing.assert_allclose(compiled(x, w), naive(x, w), rtol=1e-5, atol=1e-4)
+    two = kernel.specialize(x, w, options=polyc.Options(threads=2))
+    np.testing.assert_allclose(two(x, w), x @ w.T, rtol=1e-4, atol=1e-3)
+
+
 def test_the_row_tile_grows_to_the_column_tile_but_leaves_every_thread_rows():
     """cache_tile_sizes: the rows tile (``u``) is at least the columns tile (``v``, the ``kc x nc`` block's
     ``nc``), within its extent and, with several threads, at most a thread's share of the rows (rounded up to
