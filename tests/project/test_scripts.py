@@ -115,7 +115,8 @@ def test_fit_approximations_derives_the_inline_erf_and_tanh_tables():
     """scripts/fit_approximations.py re-derives mathlib's coefficient tables (its --check exits 1 otherwise)."""
     result = run_script(SCRIPTS / "fit_approximations.py", "--check")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert [line.split(" = ")[0] for line in result.stdout.splitlines()] == ["ERF_SMALL", "ERFC_P", "ERFC_Q", "TANH_SMALL"]
+    names = [line.split(" = ")[0] for line in result.stdout.splitlines()]
+    assert names == ["ERF_SMALL", "ERFC_P", "ERFC_Q", "TANH_SMALL"]
 
 
 def test_bench_kernels_quick_gemm():
