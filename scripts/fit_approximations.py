@@ -22,9 +22,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-import mpmath as mp
 import numpy as np
 from numpy.polynomial import polynomial as npoly
+
+try:
+    import mpmath as mp
+except ImportError:  # a test dependency, not a core one
+    sys.exit("fit_approximations.py needs mpmath: pip install mpmath (or polyc's test extra, '.[test]')")
 
 POINTS = 8000
 ITERATIONS = 400
