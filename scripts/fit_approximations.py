@@ -54,14 +54,8 @@ def minimax(x: np.ndarray, g: np.ndarray, p_degree: int, q_degree: int = 0) -> t
         weights = weights * np.abs(error)
         weights /= weights.sum()
     worst, p, q = best
-    to_x = np.array([-lo / (hi - lo), 1 / (hi - lo)])  # s as a polynomial in x
-
-    def in_x(c):
-        out, power = np.zeros(1), np.ones(1)
-        for ck in c:
-            out, power = npoly.polyadd(out, ck * power), npoly.polymul(power, to_x)
-        return out
-    p, q = in_x(p), in_x(q)
+    s_of_x = npoly.Polynomial([-lo / (hi - lo), 1 / (hi - lo)])  # composing with it gives the tables in x
+    p, q = npoly.Polynomial(p)(s_of_x).coef, npoly.Polynomial(q)(s_of_x).coef
     return worst, p / q[0], q / q[0]
 
 
