@@ -50,10 +50,16 @@ def promote(scop: Scop, schedule: isl.Schedule, packings: tuple[Packing, ...], t
     copies = []
     for k, packing in enumerate(packings):
         source = scop.tensor(packing.read.tensor)
-        if source.name in constants and source.role == "input" and packing.position in (-1, len(source.shape) - 1) \
+        if source.name in constants and source.role == "input" \
                 and sole_read(scop, packing.statement, packing.read) and not scop.params:
-            packed = Tensor(source.name, source.dtype, _packed_shape(source.shape, packing.block, -1, packing.order),
-                            "input", packing.block, packed_order=packing.order)
+            position = packing.position % len(source.shape)
+            order = packing.order
+            if position != len(source.shape) - 1:  # packed along another dimension: packed_array's full order
+                others = [d for d in range(len(source.shape)) if d != position]
+                order = tuple(others[d] for d in order or range(len(others))) + (position,)
+            packed = Tensor(source.name, source.dtype,
+                            _packed_shape(source.shape, packing.block, position, packing.order), "input",
+                            packing.block, packed_order=order)
             tensors = [packed if t.name == source.name else t for t in tensors]
             statements = [_rewrite(s, packing, packed, scop.sizes) if s.name == packing.statement else s
                           for s in statements]
@@ -83,11 +89,14 @@ def packed_array(array, block: int, order: tuple = ()):
     """``array`` (numpy, shape ``(a_1, ..., a_{p-1}, n)``) in the panel-major layout of a packed read:
     shape ``(ceil(n / block), a_1, ..., a_{p-1}, block)``, element ``[v // block, a..., v % block] =
     array[a..., v]``, the tail of the last panel zero; with ``order`` (a permutation of ``0 .. p-2``) the
-    ``a`` dimensions come in that order: ``(ceil(n / block), a_order[0], ..., block)``. C-contiguous, same
-    dtype."""
+    ``a`` dimensions come in that order: ``(ceil(n / block), a_order[0], ..., block)``. An ``order`` of all
+    ``p`` dimensions packs along its last one instead (a read packed along a dimension other than the last:
+    ``A(m, c)`` with ``order = (1, 0)`` becomes ``(ceil(m / block), c, block)``). C-contiguous, same dtype."""
     import numpy as np
 
-    if order:
+    if len(order) == array.ndim:
+        array = np.transpose(array, order)
+    elif order:
         array = np.transpose(array, tuple(order) + (array.ndim - 1,))
     n = array.shape[-1]
     panels = -(-n // block)

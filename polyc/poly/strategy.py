@@ -43,7 +43,6 @@ their dependences (a tiled reduction and its initialisation, both in one tile, o
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import islpy as isl
@@ -56,8 +55,8 @@ from .affine import accesses_in, element_stride
 from .deps import Dependences
 from .marks import mark_name
 from .scop import PolyStatement, Scop
-from .packing import (PACK_MIN_ROW_BYTES, Packing, choose_packing, constant_index, jump_bytes, loop_order,
-                      packed_order, plain_index)
+from .packing import (PACK_MIN_ROW_BYTES, Packing, band_packings, constant_index, jump_bytes, loop_order,
+                      plain_index)
 from .transforms import (band_coincident, band_extents, band_permute, band_ranges, band_sink, band_split, band_tile,
                          bands, branches_below, dependences_at, distribute_bands, distribute_serialized,
                          fuse_next_sibling, insert_mark, isolate_full_tiles, member_index, node_at, order_sets,
@@ -141,15 +140,15 @@ def apply_strategy(schedule: isl.Schedule, scop: Scop, deps: Dependences, target
         for attempt in (optimize_band, None):
             try:
                 if attempt is None:
-                    done, packing = simple_band(node, options, parallel, scop.hint), None
+                    done, packs = simple_band(node, options, parallel, scop.hint), ()
                 else:
-                    done, packing = optimize_band(node, scop, everything, target, options, parallel, constants)
+                    done, packs = optimize_band(node, scop, everything, target, options, parallel, constants)
                 candidate = done.get_schedule()
                 check_subtree(node_at(candidate, path), pending, f"strategy on '{scop.name}'")
             except (isl.Error, CompileError):
                 continue
             schedule = candidate
-            packings += [packing] if packing is not None else []
+            packings += packs
             break
     return schedule, tuple(packings)
 
@@ -654,7 +653,7 @@ def split_for_threads(order, coincident, extents, tiles, multiple, n_threads: in
 
 def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target, options: Options,
                   parallel: bool, constants: frozenset = frozenset(), split: bool = True, transpose: bool = True):
-    """Steps 1-6 on one outermost band; returns ``(node of the new tree, Packing or None)``. ``deps``
+    """Steps 1-6 on one outermost band; returns ``(node of the new tree, tuple of Packing)``. ``deps``
     (every dependence) keeps the loop distributions of steps 4-5 legal (:func:`~polyc.poly.transforms.band_sink`
     raises CompileError when one cannot be). ``split``: a band whose vector member ends in a partial tile of
     more pieces than a full one is first split in two (:func:`split_partial_tile`), each part optimized on
@@ -662,7 +661,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     the band cannot take that packing it is optimized again without."""
     stmt = main_statement(node, scop)
     if stmt is None or not node.band_get_permutable():
-        return simple_band(node, options, parallel, scop.hint), None
+        return simple_band(node, options, parallel, scop.hint), ()
     coincident = band_coincident(node)
     n = node.band_n_member()
     u, v, transposed = choose_members(node, stmt, scop, transpose) \
@@ -690,12 +689,12 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
         parts = split_partial_tile(node, v, nr, lanes(scop, target))
         if parts is not None:
             path = path_of(parts)
-            done, packing = optimize_band(parts.child(0).child(0), scop, deps, target, options, parallel,
+            done, packs = optimize_band(parts.child(0).child(0), scop, deps, target, options, parallel,
                                           constants, split=False, transpose=transpose)
             rest = node_at(done.get_schedule(), path).child(1).child(0)
             done, _ = optimize_band(rest, scop, deps, target, options, parallel, constants, split=False,
                                     transpose=transpose)
-            return node_at(done.get_schedule(), path), packing
+            return node_at(done.get_schedule(), path), packs
     itemsize = L.itemsize(scop.tensor(stmt.tensor).dtype)
     in_band = {member_index(node, k, stmt) for k in range(n)}
     depth = 1
@@ -719,21 +718,18 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     rows = 1  # the rows (points of the coincident members but v) that read each panel of the vector operand
     for k in P + ([u] if u is not None else []):
         rows *= extents[k]
-    packing = None
+    packs = []
     if transposed is not None:
         if options.tile and tiles[order.index(v)] % nr:
             return optimize_band(node, scop, deps, target, options, parallel, constants, split, transpose=False)
         v_index = member_index(node, v, stmt)
         position = [a.name if plain_index(a) else None for a in transposed.args].index(v_index)
-        packing = Packing(stmt.name, transposed, v_index, nr, position)
-    elif u is not None and v is not None and any(i not in stmt.lhs for i in stmt.indices) \
-            and options.promote is not False:
-        packing = choose_packing(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt), nr,
-                                 tiles[order.index(v)] if options.tile else None, -(-rows // mr),
-                                 force=options.promote is True, constants=constants)
-        if packing is not None:
-            loops = [member_index(node, k, stmt) for k in order] + loop_order(node.child(0), stmt)
-            packing = dataclasses.replace(packing, order=packed_order(packing.read, loops))
+        packs.append(Packing(stmt.name, transposed, v_index, nr, position))
+    if u is not None and v is not None and options.promote is not False:
+        loops = [member_index(node, k, stmt) for k in order] + loop_order(node.child(0), stmt)
+        packs += band_packings(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt), mr, nr,
+                               tiles[order.index(v)] if options.tile else None, -(-rows // mr), loops,
+                               options.promote is True, constants, vector_operand=transposed is None)
     node = band_permute(node, order)
     band_path = path_of(node)
     if options.tile and not single_tile(node, tiles, scop.hint):
@@ -747,7 +743,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     elif v is not None:
         node = _point_loops(node, len(P), u is not None, len(R), mr, nr, deps, scop.hint)
     node = node_at(node.get_schedule(), band_path)
-    return (mark_parallel(node, scop.hint) if parallel else node), packing
+    return (mark_parallel(node, scop.hint) if parallel else node), tuple(packs)
 
 
 def split_partial_tile(node: isl.ScheduleNode, v: int, nr: int, vector_lanes: int) -> isl.ScheduleNode | None:

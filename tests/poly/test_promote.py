@@ -12,6 +12,7 @@ import polyc
 from polyc import Options
 from polyc.errors import KernelRuntimeError
 from polyc.kernel import status_error
+from targets import RUNNABLE_CPUS
 
 MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
 BMM = "def bmm(float(NB,M,K) A, float(NB,K,N) B) -> (C) { C(b,m,n) +=! A(b,m,k) * B(b,k,n) }"
@@ -171,3 +172,42 @@ def test_a_read_with_literal_indices_is_packed():
     copied = polyc.define(src, options=Options(promote=True)).specialize(X, Wt)
     assert "P0(" in copied.stage("ast") and "Wt__p0[" in str(copied.stages.scop.statements[-1].reads)
     np.testing.assert_allclose(copied(X, Wt), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+def test_a_constant_broadcast_operand_arrives_packed_in_row_slivers(cpu, monkeypatch, tmp_path):
+    """The register tile's broadcast operand, when constant (an NCHW 1x1 convolution's weights ``W(m, c)``),
+    arrives packed in slivers of the tile's MR rows, ``W__p(m / MR, c, m % MR)``: no copy in the kernel, the
+    caller's layout is packed_array's full order (the last slivers' tail zero), and the result is the
+    unpacked kernel's, bit for bit (same summation order), and numpy's; on 1 and 2 threads, compiled and
+    loaded from the disk cache."""
+    from polyc.poly.promote import packed_array
+
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
+    src = "def pw(float(M,C) Wt, float(C,P) X) -> (Y) { Y(m, p) +=! Wt(m, c) * X(c, p) }"
+    rng = np.random.default_rng(11)
+    w, x = _inputs(rng, (37, 70), (70, 50))
+    want = w.astype(np.float64) @ x.astype(np.float64)
+    sizes = {"M": 37, "C": 70, "P": 50}
+    for threads in (1, 2):
+        for attempt in range(2):  # compiled, then loaded from the disk cache by a new Kernel
+            kernel = polyc.define(src, options=Options(threads=threads))
+            plain = kernel.specialize_sizes(sizes)
+            packed = kernel.specialize_sizes(sizes, constants=frozenset({"Wt"}))
+            spec = packed.inputs[0]
+            assert not plain.inputs[0].packed and spec.packed > 1 and spec.packed_order == (1, 0)
+            assert "P0(" not in packed.stage("ast") and not packed.inputs[1].packed
+            w_packed = packed_array(w, spec.packed, spec.packed_order)
+            assert w_packed.shape == (-(-37 // spec.packed), 70, spec.packed) and w_packed.flags.c_contiguous
+            m, c = np.meshgrid(np.arange(37), np.arange(70), indexing="ij")
+            np.testing.assert_array_equal(w_packed[m // spec.packed, c, m % spec.packed], w)
+            assert not w_packed[-1, :, 37 % spec.packed or spec.packed:].any()
+            outs = []
+            for compiled, weights in ((plain, w), (packed, w_packed)):
+                out = np.zeros((37, 50), np.float32)
+                compiled.run_pointers([weights.ctypes.data, x.ctypes.data, out.ctypes.data])
+                outs.append(out)
+            np.testing.assert_array_equal(outs[1], outs[0])
+            np.testing.assert_allclose(outs[1], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+            np.testing.assert_array_equal(packed(w, x), outs[0])  # called with plain arrays: packs them
