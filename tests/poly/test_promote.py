@@ -176,20 +176,23 @@ def test_a_read_with_literal_indices_is_packed():
 
 @pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
 def test_a_constant_broadcast_operand_arrives_packed_in_row_slivers(cpu, monkeypatch, tmp_path):
-    """The register tile's broadcast operand, when constant (an NCHW 1x1 convolution's weights ``W(m, c)``),
-    arrives packed in slivers of the tile's MR rows, ``W__p(m / MR, c, m % MR)``: no copy in the kernel, the
-    caller's layout is packed_array's full order (the last slivers' tail zero), and the result is the
-    unpacked kernel's, bit for bit (same summation order), and numpy's; on 1 and 2 threads, compiled and
-    loaded from the disk cache."""
+    """The register tile's broadcast operand, when constant (an NCHW 1x1 convolution's weights ``W(m, c)``)
+    and its rows a whole number of pages apart (1024 float32), arrives packed in slivers of the tile's MR
+    rows, ``W__p(m / MR, c, m % MR)``: no copy in the kernel, the caller's layout is packed_array's full
+    order (the last slivers' tail zero), and the result is the unpacked kernel's, bit for bit (same
+    summation order), and numpy's; on 1 and 2 threads, compiled and loaded from the disk cache. Rows 70
+    elements apart stay as they are."""
     from polyc.poly.promote import packed_array
 
     monkeypatch.setenv("POLYC_CPU", cpu)
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path))
     src = "def pw(float(M,C) Wt, float(C,P) X) -> (Y) { Y(m, p) +=! Wt(m, c) * X(c, p) }"
     rng = np.random.default_rng(11)
-    w, x = _inputs(rng, (37, 70), (70, 50))
+    w, x = _inputs(rng, (37, 1024), (1024, 50))
     want = w.astype(np.float64) @ x.astype(np.float64)
-    sizes = {"M": 37, "C": 70, "P": 50}
+    sizes = {"M": 37, "C": 1024, "P": 50}
+    short = polyc.define(src).specialize_sizes({"M": 37, "C": 70, "P": 50}, constants=frozenset({"Wt"}))
+    assert not short.inputs[0].packed
     for threads in (1, 2):
         for attempt in range(2):  # compiled, then loaded from the disk cache by a new Kernel
             kernel = polyc.define(src, options=Options(threads=threads))
@@ -199,8 +202,8 @@ def test_a_constant_broadcast_operand_arrives_packed_in_row_slivers(cpu, monkeyp
             assert not plain.inputs[0].packed and spec.packed > 1 and spec.packed_order == (1, 0)
             assert "P0(" not in packed.stage("ast") and not packed.inputs[1].packed
             w_packed = packed_array(w, spec.packed, spec.packed_order)
-            assert w_packed.shape == (-(-37 // spec.packed), 70, spec.packed) and w_packed.flags.c_contiguous
-            m, c = np.meshgrid(np.arange(37), np.arange(70), indexing="ij")
+            assert w_packed.shape == (-(-37 // spec.packed), 1024, spec.packed) and w_packed.flags.c_contiguous
+            m, c = np.meshgrid(np.arange(37), np.arange(1024), indexing="ij")
             np.testing.assert_array_equal(w_packed[m // spec.packed, c, m % spec.packed], w)
             assert not w_packed[-1, :, 37 % spec.packed or spec.packed:].any()
             outs = []
