@@ -32,7 +32,8 @@ For each outermost band of isl's tree (in the manner of TC's numbered ``MappedSc
    (GEMM's ``B(k, n)``), decide to copy it into a panel-major buffer (:class:`Packing`, carried out by
    :func:`polyc.poly.promote.promote` after the bands are done). An operand among ``constants`` (a model's
    weights, packed once by the caller instead of on every call) is packed wherever its access allows: the
-   thresholds weigh a per-call copy that it does not pay.
+   thresholds weigh a per-call copy that it does not pay. A constant *broadcast* operand whose rows are a
+   whole number of pages apart is packed in slivers of MR rows (:func:`~.packing.choose_row_packing`).
 
 Every band's result is checked against the dependences it had to order (the verifier's tree walk): when
 it would break one, the band falls back to :func:`simple_band` (checked too), else stays as isl built it.
@@ -690,7 +691,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
         if parts is not None:
             path = path_of(parts)
             done, packs = optimize_band(parts.child(0).child(0), scop, deps, target, options, parallel,
-                                          constants, split=False, transpose=transpose)
+                                        constants, split=False, transpose=transpose)
             rest = node_at(done.get_schedule(), path).child(1).child(0)
             done, _ = optimize_band(rest, scop, deps, target, options, parallel, constants, split=False,
                                     transpose=transpose)
