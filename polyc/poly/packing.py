@@ -1,9 +1,10 @@
 """Step 6 of the CPU strategy (:mod:`polyc.poly.strategy`): which read to pack into panels, and in which layout.
 
 :func:`choose_packing` picks the read of a register-tiled statement worth copying into a panel-major buffer
-(GotoBLAS's packed ``B``; a convolution's filter block); :func:`packed_order` lays the packed panel's other
-dimensions out in the order the kernel's loops run them (:func:`loop_order`). :mod:`polyc.poly.promote`
-carries the decision out.
+(GotoBLAS's packed ``B``; a convolution's filter block), :func:`choose_row_packing` a constant broadcast
+operand worth packing in slivers of the register tile's rows (GotoBLAS's packed ``A``), :func:`band_packings`
+both for one band; :func:`packed_order` lays the packed panel's other dimensions out in the order the
+kernel's loops run them (:func:`loop_order`). :mod:`polyc.poly.promote` carries the decisions out.
 """
 from __future__ import annotations
 
