@@ -387,7 +387,9 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
     the pixels, or are images of the same size, reshaped too, a compile-time constant reshaped at once), so
     the group stays one kernel; Reshapes of contiguous data are memory aliases, not kernels. A convolution
     the lowering computes channels-last (:func:`polyc.onnx.ops.core.channels_last`: vectors over the output
-    channels) stays as it is when its image has fewer than :func:`flatten_min_pixels` pixels.
+    channels) stays as it is when its image has fewer than :func:`flatten_min_pixels` pixels, unless it
+    computes channels-last flattened as well (a deep reduction over a narrow image: its register tile's rows
+    then run over all ``H*W`` pixels instead of one image row).
 
     A 1x1 Conv of a channels-last region (``polyc_layout=NHWC``, :mod:`polyc.onnx.layout`) is flattened the
     same way, ``(N,H,W,C) -> (N,1,H*W,C)``: its vectors run over the output channels either way, and its
@@ -412,12 +414,13 @@ def flatten_pointwise_conv(g: nx.DiGraph) -> nx.DiGraph:
         h, w = x_shape[at], x_shape[at + 1]
         if kernel != [1, 1] or strides != [1, 1] or any(pb) or out != [h, w] or h == 1:
             continue
-        if layout is None and channels_last(image, 1, True) and h * w < flatten_min_pixels():
-            continue
 
         def flat(shape):  # ``shape`` with the image's two axes as (1, H*W)
             k = len(shape) + at
             return tuple(shape[:k]) + (1, shape[k] * shape[k + 1]) + tuple(shape[k + 2:])
+        if layout is None and channels_last(image, 1, True) and h * w < flatten_min_pixels() \
+                and not channels_last(flat(image), 1, True, (1, 1), tensors[d["inputs"][0]].dtype, x_shape[1]):
+            continue
         order = d["order"]
 
         def const(base, value):

@@ -14,6 +14,7 @@ from polyc.onnx.load import load_model
 from polyc.onnx.lower import lower_groups
 from polyc.onnx.memory import plan_memory
 from polyc.onnx.ops import core
+from targets import RUNNABLE_CPUS
 
 
 def simplified(path_or_model):
@@ -213,6 +214,44 @@ def test_channels_last_when_channels_fill_the_vectors_and_the_width_does_not(mon
     assert core.channels_last((1, 32, 7, 7), 1, True, (1, 1))            # narrower than 16 columns
     assert not core.channels_last((1, 64, 4 * nr, 4 * nr), 1, True, (3, 3), in_channels=64)  # full tiles
     assert not core.channels_last((1, 64, 28, 28), 1, True, (3, 3), in_channels=12)  # a network's stem
+    # a 1x1 over a flattened 7x7 image: 49 pixels leave 15 of 64 lanes empty, a deep reduction pays the read-back
+    assert core.channels_last((1, 4 * nr, 1, 49), 1, True, (1, 1), in_channels=core.CHANNELS_LAST_MIN_DEPTH)
+    assert not core.channels_last((1, 4 * nr, 1, 49), 1, True, (1, 1), in_channels=128)  # a shallow one does not
+    assert not core.channels_last((1, 4 * nr + 8, 1, 49), 1, True, (1, 1), in_channels=512)  # a partial tile
+    assert not core.channels_last((1, 4 * nr, 1, 196), 1, True, (1, 1), in_channels=512)  # 14x14: tiles nearly full
+    assert not core.channels_last((1, 4 * nr, 1, 49), 1, True, (), in_channels=512)  # no window given
+
+
+@pytest.mark.parametrize("cpu", ["znver3", pytest.param("znver4", marks=pytest.mark.skipif(
+    "znver4" not in RUNNABLE_CPUS, reason="the host cannot run AVX-512 code"))])
+@pytest.mark.parametrize("in_channels", [64, 256])
+def test_a_deep_pointwise_convolution_over_a_narrow_image_accumulates_channels_last_over_its_pixels(
+        monkeypatch, cpu, in_channels):
+    """A 1x1 Conv at 7x7 (49 pixels, a partial register tile whichever the vectors) with 256 input channels
+    accumulates channels-last over the flattened image, ``T0(n, 0, p, m)`` read back to NCHW in its epilogue
+    with the bias and ReLU; with 64 it does not (NCHW over the flattened pixels with AVX2, channels-last by
+    rows of the image with AVX-512). Results match onnxruntime."""
+    import onnxruntime as ort
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.normal(0, in_channels ** -0.5, (64, in_channels, 1, 1)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.normal(0, 0.1, 64).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                  [1, in_channels, 7, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 7, 7])],
+                              initializer=[w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    g = passes.simplify(G.from_model(load_model(model)))
+    kernel, = [k for k in lower_groups(g, fusion_groups(g)) if k and "+=!" in k.source]
+    flat = "T0(i0, i1, i2, i3) +=! X0(i0, r0, i1, i2)" in kernel.source and "i2 in 0:49" in kernel.source
+    assert flat == (in_channels == 256)
+    x = rng.normal(0, 1, (1, in_channels, 7, 7)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for threads in (1, 2):
+        got = polyc.onnx.compile(model, polyc.Options(threads=threads), progress=False).run({"x": x})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 

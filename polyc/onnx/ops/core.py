@@ -157,6 +157,22 @@ CHANNELS_LAST_MIN_IN_CHANNELS = 16
 #: and 8 channels) lose 12% channels-last.
 CHANNELS_LAST_MIN_EMPTY_LANES = 0.1
 
+#: A wider 1x1 convolution (a GEMM over its pixels: :func:`polyc.onnx.passes.flatten_pointwise_conv` gives
+#: it one row of ``H*W``) computes channels-last when its pixels leave at least this share of the lanes of
+#: their register tiles empty (49 pixels in tiles of 16: 15 of 64, a one-pixel tail on its own) ...
+CHANNELS_LAST_MIN_EMPTY_LANES_1X1 = 0.2
+
+#: ... and it reduces over at least this many input channels: the read-back to NCHW is one more pass over
+#: the output, paid for by a deeper reduction. Measured (single Conv nodes at 7x7 flattened, 1 thread, Zen 4,
+#: onnxruntime / polyc before -> after; AVX2): 2048 -> 512 0.73-0.77 -> 0.93-0.94, 512 -> 2048 0.79 -> 0.86,
+#: ResNet's 1x1/2 1024 -> 2048 at 14x14 0.74 -> 0.89, 1152 -> 192 0.88 -> 1.03, 576 -> 160 0.80 -> 0.99, 384 ->
+#: 1536 0.67 -> 0.88, 256 -> 1024 0.80 -> 0.82, 320 -> 1280 0.78 either way, and below the threshold 160 ->
+#: 960 0.85 -> 0.76, 128 -> 512 0.86 -> 0.80; AVX-512 (the image flattened first) 512 -> 2048 0.89 -> 0.92,
+#: 2048 -> 512 0.97 -> 0.98, 1024 -> 2048/2 0.99 -> 1.03. At 14x14 (196 pixels: 12 of 208 lanes empty with
+#: AVX2, 28 of 224 with AVX-512) channels-last lost: AVX-512 256 -> 1024 0.97 -> 0.89, 1024 -> 512 0.97
+#: -> 0.94; AVX2 256 -> 1024 0.93 -> 0.89, 1024 -> 512 0.91 -> 0.88.
+CHANNELS_LAST_MIN_DEPTH = 256
+
 
 def vector_lanes(dtype: str) -> int:
     """The vector lanes of ``dtype`` on the target the kernels are compiled for (``POLYC_CPU`` or the host)."""
@@ -181,18 +197,25 @@ def channels_last(out_shape, group: int, constant_weights: bool, kernel=(), dtyp
     input with that stride; channels-last broadcasts one input element per row). Measured (1 thread, this
     Zen 5 host, NCHW -> channels-last, AVX-512 / AVX2): a 1-D convolution 256 -> 256 channels, k3 stride 2,
     1000 -> 500 columns (the Whisper-style encoder's second) 1.35 -> 0.97 / 3.77 -> 1.99 ms (onnxruntime
-    0.96); at stride 1 (80 -> 256, k3) channels-last is slower, 0.54 -> 0.66."""
+    0.96); at stride 1 (80 -> 256, k3) channels-last is slower, 0.54 -> 0.66. A wider 1x1 convolution
+    (``kernel`` all ones) computes channels-last when it reduces over at least CHANNELS_LAST_MIN_DEPTH input
+    channels, its output channels are a multiple of NR and its width leaves at least
+    CHANNELS_LAST_MIN_EMPTY_LANES_1X1 of the lanes empty; without ``kernel``, never."""
     if not (group == 1 and len(out_shape) >= 3 and out_shape[1] >= CHANNELS_LAST_MIN_CHANNELS
             and constant_weights):
         return False
     width, channels = out_shape[-1], out_shape[1]
     if width < CHANNELS_LAST_MAX_WIDTH:
         return True
-    if all(k == 1 for k in kernel) or in_channels < CHANNELS_LAST_MIN_IN_CHANNELS:
-        return False
     nr = 2 * vector_lanes(dtype)
     lanes = -(-width // nr) * nr
-    return channels % nr == 0 and (strided or (lanes - width) / lanes >= CHANNELS_LAST_MIN_EMPTY_LANES)
+    empty = (lanes - width) / lanes
+    if kernel and all(k == 1 for k in kernel):
+        return (in_channels >= CHANNELS_LAST_MIN_DEPTH and channels % nr == 0
+                and empty >= CHANNELS_LAST_MIN_EMPTY_LANES_1X1)
+    if not kernel or in_channels < CHANNELS_LAST_MIN_IN_CHANNELS:
+        return False
+    return channels % nr == 0 and (strided or empty >= CHANNELS_LAST_MIN_EMPTY_LANES)
 
 
 #: At most this many boxes in :func:`tap_boxes`: each is a piece of the reduction's domain, and isl's AST
