@@ -33,6 +33,25 @@ PACK_ALIASING_BYTES = 2048
 #: ... and when each packed panel is reused by at least this many register-tile rows.
 PACK_MIN_REUSE = 4
 
+#: A statement with a single reduction loop (a GEMM, a 1x1 convolution) whose register tile reads at most
+#: :data:`PACK_MAX_STEP_READ` bytes of the operand a step also packs a read whose reduction step jumps at least
+#: this many bytes (a new page every 8 steps or sooner: a panel of ``kc`` steps, unpacked, walks ``kc / 8``
+#: pages or more and splits its vectors across lines where the rows are not whole lines apart) ...
+PACK_MIN_STEP_BYTES = 512
+
+#: ... a step of NR elements no wider than one cache line (AVX2's two 8-float vectors; AVX-512's two 16-float
+#: vectors read two lines a step, and packing such reads measured 0.96-1.06x: SGEMM 128-320 1-4% slower,
+#: 640-1000 2-6% faster, single 1x1 Conv nodes 0.97-1.01x) ...
+PACK_MAX_STEP_READ = 64
+
+#: ... when each panel is reused by at least this many register-tile rows: the copy is one more pass over the
+#: operand, paid for by the rows' FMAs (DenseNet's 1x1 convolutions to 48 channels, 8 rows of tiles, lost 1-6%
+#: packed). Measured (1 thread, Zen 4, packed against not, paired in one process): AVX2 SGEMM 384 / 640 / 768
+#: 0.86 / 0.88 / 0.71 -> 1.02 / 1.09 / 0.99 of OpenBLAS's Haswell kernel, 256 0.94 -> 1.06, 320 0.86 -> 0.95,
+#: 1000 0.76 -> 0.82; single NCHW 1x1 Conv nodes over 28x28 and 14x14 images (medians of three processes)
+#: 1.04-1.20x faster (128 -> 512 at 28x28 1.20x, 1024 -> 512 at 14x14 level).
+PACK_NEAR_MIN_REUSE = 16
+
 
 @dataclass(frozen=True)
 class Packing:
@@ -71,7 +90,9 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
     register-tile rows read each panel. Chosen: an input tensor read with distinct plain indices (and
     integer literals: a 1x1 convolution's ``W(c, 0, 0, m)``), last ``v_index``, none ``u_index`` (every row
     of the register tile reads it), some reduction index, and in which a step of some reduction index jumps
-    at least PACK_MIN_ROW_BYTES or a multiple of PACK_ALIASING_BYTES. ``force`` drops the two thresholds
+    at least PACK_MIN_ROW_BYTES or a multiple of PACK_ALIASING_BYTES, or, in a statement with a single
+    reduction loop and a step of at most PACK_MAX_STEP_READ bytes, at least PACK_MIN_STEP_BYTES with
+    PACK_NEAR_MIN_REUSE rows. ``force`` drops the two thresholds
     (jump, reuse), not the conditions that make the layout correct; so does a read of a tensor in
     ``constants``, which the caller packs once (measured, 1 thread: the BERT, GPT and ViT models of ``scripts/model_zoo.py`` 8-18% faster on AVX2 and
     AVX-512 with all their weights packed, ResNet-50 unchanged)."""
@@ -91,7 +112,10 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
             continue
         jump = jump_bytes(read, [i for i in names if i not in stmt.lhs], stmt, scop)
         far = jump >= PACK_MIN_ROW_BYTES or (jump > 0 and jump % PACK_ALIASING_BYTES == 0)
-        if not (force or (tensor.name in constants and sole_read(scop, stmt.name, read))) and (
+        single = sum(i not in stmt.lhs for i in stmt.indices) == 1
+        near = (single and jump >= PACK_MIN_STEP_BYTES and reuse >= PACK_NEAR_MIN_REUSE
+                and nr * L.itemsize(tensor.dtype) <= PACK_MAX_STEP_READ)
+        if not (force or near or (tensor.name in constants and sole_read(scop, stmt.name, read))) and (
                 reuse < PACK_MIN_REUSE or not far):
             continue
         return Packing(stmt.name, read, v_index, nr)

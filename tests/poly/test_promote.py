@@ -41,7 +41,13 @@ def test_forced_packing_copies_b_into_panels_and_matches_numpy():
     np.testing.assert_allclose(compiled(A, B), A.astype(np.float64) @ B, rtol=1e-4, atol=1e-4)
 
 
-def test_strategy_packs_long_rows_only():
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+def test_strategy_packs_long_rows_only(cpu, monkeypatch):
+    """B is packed where a step of the reduction jumps a page or a multiple of 2 KiB; with AVX2, whose
+    register tile reads one cache line of B a step (NR = 16 float32), also from 512 bytes on when at least 16
+    register-tile rows reuse each panel (``packing.PACK_MIN_STEP_BYTES``); 256-byte rows never."""
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    one_line = cpu == "znver3"
     rng = np.random.default_rng(2)
     small = polyc.define(MATMUL).specialize(*_inputs(rng, (64, 64), (64, 64)))
     assert "P0(" not in small.stage("ast")  # 256-byte rows: nothing to gain
@@ -51,12 +57,16 @@ def test_strategy_packs_long_rows_only():
     np.testing.assert_allclose(big(A, B), A.astype(np.float64) @ B, rtol=1e-4, atol=1e-3)
     off = polyc.define(MATMUL, options=Options(promote=False)).specialize(A, B)
     assert "P0(" not in off.stage("ast")
-    # rows of 2 KiB fold B's panel onto two L1 sets: packed; 1.5 and 2.03 KiB are not
-    for n, packed in ((512, True), (384, False), (520, False)):
-        A, B = _inputs(rng, (96, 64), (64, n))
+    # rows of 2 KiB fold B's panel onto two L1 sets: packed; 1.5 and 2.03 KiB only where a step reads one
+    # line of B and 96 rows (16 tiles of 6 with AVX2) reuse each panel; 48 rows (8 tiles) do not pay a copy
+    for m, n, packed in ((96, 512, True), (96, 384, one_line), (96, 520, one_line), (48, 384, False)):
+        A, B = _inputs(rng, (m, 64), (64, n))
         k = polyc.define(MATMUL).specialize(A, B)
-        assert ("P0(" in k.stage("ast")) == packed, n
+        assert ("P0(" in k.stage("ast")) == packed, (m, n)
         np.testing.assert_allclose(k(A, B), A.astype(np.float64) @ B, rtol=1e-4, atol=1e-3)
+        if packed:  # the same result as the kernel without the copy
+            np.testing.assert_allclose(k(A, B), polyc.define(MATMUL, options=Options(promote=False))(A, B),
+                                       rtol=1e-6, atol=1e-5)
     assert "P0(" not in polyc.define(MATMUL, options=Options.naive()).specialize(A, B).stage("ast")
 
 
