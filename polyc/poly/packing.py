@@ -100,15 +100,10 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
         return None
     if stmt.op not in ("+=", "*=", "max=", "min="):
         return None
-    written = {s.tensor for s in scop.statements}
     for read in accesses_in(stmt.rhs):
         tensor = scop.tensor(read.tensor)
-        if tensor.name in written or len(read.args) < 2 \
-                or not all(plain_index(a) or constant_index(a) for a in read.args):
-            continue
-        names = [a.name for a in read.args if plain_index(a)]
-        if (len(set(names)) != len(names) or not plain_index(read.args[-1]) or names[-1] != v_index
-                or u_index in names or all(n in stmt.lhs for n in names)):
+        names = packable_names(read, stmt, scop)
+        if names is None or not plain_index(read.args[-1]) or names[-1] != v_index or u_index in names:
             continue
         jump = jump_bytes(read, [i for i in names if i not in stmt.lhs], stmt, scop)
         far = jump >= PACK_MIN_ROW_BYTES or (jump > 0 and jump % PACK_ALIASING_BYTES == 0)
@@ -150,14 +145,9 @@ def choose_row_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_i
     0.92-1.06x), 1 KiB (256 -> 1024) 0.91-1.07x: not packed."""
     if u_index is None or v_index is None or mr < 2 or stmt.op not in ("+=", "*=", "max=", "min="):
         return None
-    written = {s.tensor for s in scop.statements}
     for read in accesses_in(stmt.rhs):
-        if read.tensor not in constants or read.tensor in written \
-                or not all(plain_index(a) or constant_index(a) for a in read.args):
-            continue
-        names = [a.name for a in read.args if plain_index(a)]
-        if len(set(names)) != len(names) or u_index not in names or v_index in names \
-                or all(n in stmt.lhs for n in names) or not sole_read(scop, stmt.name, read):
+        names = packable_names(read, stmt, scop) if read.tensor in constants else None
+        if names is None or u_index not in names or v_index in names or not sole_read(scop, stmt.name, read):
             continue
         jump = jump_bytes(read, [u_index], stmt, scop)
         if not jump or jump % PACK_MIN_ROW_BYTES:
@@ -198,6 +188,19 @@ def packed_order(read: L.Access, loops: list, position: int = -1) -> tuple:
         keys.append((previous, d))
     order = tuple(d for _, d in sorted(keys))
     return () if order == tuple(range(len(others))) else order
+
+
+def packable_names(read: L.Access, stmt: PolyStatement, scop: Scop) -> list | None:
+    """The index names of ``read`` (of ``stmt``) when it can be copied into a packed layout that the register
+    tile's rows reuse: a read of a tensor no statement writes, of two or more dimensions, each a plain index
+    or an integer literal, the indices distinct and one of them a reduction index; else None."""
+    if read.tensor in {s.tensor for s in scop.statements} or len(read.args) < 2 \
+            or not all(plain_index(a) or constant_index(a) for a in read.args):
+        return None
+    names = [a.name for a in read.args if plain_index(a)]
+    if len(set(names)) != len(names) or all(n in stmt.lhs for n in names):
+        return None
+    return names
 
 
 def plain_index(arg: L.Expr) -> bool:

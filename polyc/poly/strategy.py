@@ -56,8 +56,8 @@ from .affine import accesses_in, element_stride
 from .deps import Dependences
 from .marks import mark_name
 from .scop import PolyStatement, Scop
-from .packing import (PACK_MIN_ROW_BYTES, Packing, band_packings, constant_index, jump_bytes, loop_order,
-                      plain_index)
+from .packing import (PACK_MIN_ROW_BYTES, Packing, band_packings, jump_bytes, loop_order,
+                      packable_names, plain_index)
 from .transforms import (band_coincident, band_extents, band_permute, band_ranges, band_sink, band_split, band_tile,
                          bands, branches_below, dependences_at, distribute_bands, distribute_serialized,
                          fuse_next_sibling, insert_mark, isolate_full_tiles, member_index, node_at, order_sets,
@@ -274,12 +274,8 @@ def transposable(read: L.Access, v_index: str, stmt: PolyStatement, scop: Scop) 
     of a tensor no statement writes, with distinct plain indices and integer literals, ``v_index`` one of
     them, and some reduction index among them (the packed copy is then reused across the register tile's
     rows instead of being a copy of what the kernel reads once)."""
-    if read.tensor in {s.tensor for s in scop.statements} or len(read.args) < 2:
-        return False
-    if not all(plain_index(a) or constant_index(a) for a in read.args):
-        return False
-    names = [a.name for a in read.args if plain_index(a)]
-    return len(set(names)) == len(names) and v_index in names and any(n not in stmt.lhs for n in names)
+    names = packable_names(read, stmt, scop)
+    return names is not None and v_index in names
 
 
 def streams_rows(node: isl.ScheduleNode, stmt: PolyStatement, scop: Scop, v: int, R: list[int]) -> bool:
