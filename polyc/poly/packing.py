@@ -1,7 +1,7 @@
 """Step 6 of the CPU strategy (:mod:`polyc.poly.strategy`): which read to pack into panels, and in which layout.
 
 :func:`choose_packing` picks the read of a register-tiled statement worth copying into a panel-major buffer
-(GotoBLAS's packed ``B``; a convolution's filter block), :func:`choose_row_packing` a constant broadcast
+(GotoBLAS's packed ``B``; a convolution's filter block), :func:`choose_row_packing` a broadcast
 operand worth packing in slivers of the register tile's rows (GotoBLAS's packed ``A``), :func:`band_packings`
 both for one band; :func:`packed_order` lays the packed panel's other dimensions out in the order the
 kernel's loops run them (:func:`loop_order`). :mod:`polyc.poly.promote` carries the decisions out.
@@ -52,6 +52,16 @@ PACK_MAX_STEP_READ = 64
 #: 1.04-1.20x faster (128 -> 512 at 28x28 1.20x, 1024 -> 512 at 14x14 level).
 PACK_NEAR_MIN_REUSE = 16
 
+#: A broadcast operand computed per call (not a constant) is packed in slivers of the register tile's rows
+#: when those rows are adjacent elements (the read's last index) and a step of its single reduction index
+#: jumps at least this many bytes (a cache line: each step reads MR elements from a new line, and a line of
+#: an x86 L1D holds nothing the next step reads), with :data:`PACK_NEAR_MIN_REUSE` column tiles reading each
+#: sliver: the flattened channels-last NCHW 1x1 convolution's ``X(c, p)`` (a step of ``c`` jumps the image,
+#: 196 bytes at 7x7). Measured (Zen 4, packed against not, paired in one process; ResNet-50's three such
+#: Conv nodes): 1 thread, AVX2 512 -> 2048 at 7x7 0.81 -> 0.85 of onnxruntime, 1x1/2 1024 -> 2048 0.88 -> 0.97,
+#: 2048 -> 512 0.92 -> 0.95; AVX-512 0.89 -> 0.90, 0.97 -> 0.99, 0.97 -> 0.98; 2 threads level on both.
+PACK_ROW_MIN_STEP_BYTES = 64
+
 
 @dataclass(frozen=True)
 class Packing:
@@ -92,10 +102,10 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
     of the register tile reads it), some reduction index, and in which a step of some reduction index jumps
     at least PACK_MIN_ROW_BYTES or a multiple of PACK_ALIASING_BYTES, or, in a statement with a single
     reduction loop and a step of at most PACK_MAX_STEP_READ bytes, at least PACK_MIN_STEP_BYTES with
-    PACK_NEAR_MIN_REUSE rows. ``force`` drops the two thresholds
-    (jump, reuse), not the conditions that make the layout correct; so does a read of a tensor in
-    ``constants``, which the caller packs once (measured, 1 thread: the BERT, GPT and ViT models of ``scripts/model_zoo.py`` 8-18% faster on AVX2 and
-    AVX-512 with all their weights packed, ResNet-50 unchanged)."""
+    PACK_NEAR_MIN_REUSE rows. ``force`` drops the two thresholds (jump, reuse), not the conditions that make
+    the layout correct; so does a read of a tensor in ``constants``, which the caller packs once (measured,
+    1 thread: the BERT, GPT and ViT models of ``scripts/model_zoo.py`` 8-18% faster on AVX2 and AVX-512 with
+    all their weights packed, ResNet-50 unchanged)."""
     if u_index is None or v_index is None or (tile_v is not None and tile_v % nr):
         return None
     if stmt.op not in ("+=", "*=", "max=", "min="):
@@ -118,41 +128,49 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
 
 
 def band_packings(stmt: PolyStatement, scop: Scop, u_index: str, v_index: str, mr: int, nr: int, tile_v: int | None,
-                  reuse: int, loops: list, force: bool, constants: frozenset, vector_operand: bool = True) -> list:
+                  reuse: int, loops: list, force: bool, constants: frozenset, vector_operand: bool = True,
+                  columns: int = 0) -> list:
     """Step 6 for a register tile ``mr x nr`` over ``(u_index, v_index)`` under loops running ``loops``
     (outermost first): the vector operand's packing (:func:`choose_packing`, unless ``vector_operand`` is
     False: the caller packs it transposed) and the broadcast operand's (:func:`choose_row_packing`), each
-    laid out in loop order (:func:`packed_order`)."""
+    laid out in loop order (:func:`packed_order`); ``columns`` is the number of register tiles along ``v_index``."""
     found = []
     if vector_operand and any(i not in stmt.lhs for i in stmt.indices):
         found.append(choose_packing(stmt, scop, u_index, v_index, nr, tile_v, reuse, force, constants))
-    found.append(choose_row_packing(stmt, scop, u_index, v_index, mr, constants))
+    found.append(choose_row_packing(stmt, scop, u_index, v_index, mr, constants, columns))
     return [dataclasses.replace(p, order=packed_order(p.read, loops, p.position)) for p in found if p is not None]
 
 
 def choose_row_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index: str | None, mr: int,
-                       constants: frozenset) -> Packing | None:
+                       constants: frozenset, columns: int = 0) -> Packing | None:
     """The register tile's *broadcast* operand packed in slivers of its ``mr`` rows (GotoBLAS's packed ``A``),
     or None: a read of a tensor in ``constants`` (packed once, when the kernel is linked: no copy per call)
     with distinct plain indices and integer literals, ``u_index`` among them and ``v_index`` not, some
     reduction index, the only read of its tensor, whose rows (the steps of ``u_index``) are a whole number
-    of pages (:data:`PACK_MIN_ROW_BYTES`, the way of an x86 L1D) apart. ``A(m, c)`` becomes ``A__p(m / MR,
-    c, m % MR)``: each step of the reduction reads the tile's MR values side by side, one stream, where
-    unpacked the MR rows fall into one L1 set. An NCHW 1x1 convolution's weights ``W(m, c, 0, 0)`` with 1024
-    or 2048 input channels (AVX2, 1 thread, Zen 4, ResNet-50's shapes, packed against not, 31 paired runs):
+    of pages (:data:`PACK_MIN_ROW_BYTES`, the way of an x86 L1D) apart; or any such read (copied per call
+    unless constant) whose rows are adjacent and whose single reduction index steps a line or more
+    (:data:`PACK_ROW_MIN_STEP_BYTES`), with ``columns`` (the register tiles along ``v_index``) at least
+    :data:`PACK_NEAR_MIN_REUSE`. ``A(m, c)`` becomes ``A__p(m / MR, c, m % MR)``: each step of the reduction
+    reads the tile's MR values side by side, one stream, where unpacked the MR rows fall into one L1 set. An
+    NCHW 1x1 convolution's weights ``W(m, c, 0, 0)`` with 1024 or 2048 input channels (AVX2, 1 thread, Zen 4,
+    ResNet-50's shapes, packed against not, 31 paired runs):
     1.04-1.10x at 1024 -> 256 and 1024 -> 512 at 14x14, 0.98-1.11x at 2048 -> 512 at 7x7; with AVX-512
     0.99-1.02x. Rows 2 KiB apart (two sets) measured both ways (512 -> 256 1.02-1.04x, 512 -> 2048
     0.92-1.06x), 1 KiB (256 -> 1024) 0.91-1.07x: not packed."""
     if u_index is None or v_index is None or mr < 2 or stmt.op not in ("+=", "*=", "max=", "min="):
         return None
+    reductions = [i for i in stmt.indices if i not in stmt.lhs]
     for read in accesses_in(stmt.rhs):
-        names = packable_names(read, stmt, scop) if read.tensor in constants else None
-        if names is None or u_index not in names or v_index in names or not sole_read(scop, stmt.name, read):
-            continue
-        jump = jump_bytes(read, [u_index], stmt, scop)
-        if not jump or jump % PACK_MIN_ROW_BYTES:
+        names = packable_names(read, stmt, scop)
+        if names is None or u_index not in names or v_index in names:
             continue
         position = next(d for d, a in enumerate(read.args) if plain_index(a) and a.name == u_index)
+        jump = jump_bytes(read, [u_index], stmt, scop)
+        pages = read.tensor in constants and sole_read(scop, stmt.name, read) and jump and not jump % PACK_MIN_ROW_BYTES
+        lines = (position == len(read.args) - 1 and len(reductions) == 1 and columns >= PACK_NEAR_MIN_REUSE
+                 and jump_bytes(read, reductions, stmt, scop) >= PACK_ROW_MIN_STEP_BYTES)
+        if not (pages or lines):
+            continue
         return Packing(stmt.name, read, u_index, mr, position)
     return None
 

@@ -33,7 +33,8 @@ For each outermost band of isl's tree (in the manner of TC's numbered ``MappedSc
    :func:`polyc.poly.promote.promote` after the bands are done). An operand among ``constants`` (a model's
    weights, packed once by the caller instead of on every call) is packed wherever its access allows: the
    thresholds weigh a per-call copy that it does not pay. A constant *broadcast* operand whose rows are a
-   whole number of pages apart is packed in slivers of MR rows (:func:`~.packing.choose_row_packing`).
+   whole number of pages apart, or a computed one whose rows are adjacent and whose reduction steps jump
+   cache lines, is packed in slivers of MR rows (:func:`~.packing.choose_row_packing`).
 
 Every band's result is checked against the dependences it had to order (the verifier's tree walk): when
 it would break one, the band falls back to :func:`simple_band` (checked too), else stays as isl built it.
@@ -726,7 +727,8 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
         loops = [member_index(node, k, stmt) for k in order] + loop_order(node.child(0), stmt)
         packs += band_packings(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt), mr, nr,
                                tiles[order.index(v)] if options.tile else None, -(-rows // mr), loops,
-                               options.promote is True, constants, vector_operand=transposed is None)
+                               options.promote is True, constants, vector_operand=transposed is None,
+                               columns=-(-extents[v] // nr))
     node = band_permute(node, order)
     band_path = path_of(node)
     if options.tile and not single_tile(node, tiles, scop.hint):

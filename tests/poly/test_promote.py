@@ -185,6 +185,36 @@ def test_a_read_with_literal_indices_is_packed():
 
 
 @pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+def test_a_computed_broadcast_operand_is_copied_in_row_slivers_when_its_steps_jump_lines(cpu, monkeypatch):
+    """The flattened channels-last 1x1 convolution ``Y(p, m) +=! X(c, p) * W(c, m)`` broadcasts MR adjacent
+    pixels of ``X`` a step, each step a row of ``X`` further: with 49 pixels (196 bytes) and 512 output
+    channels (16 or more register tiles of columns) the kernel copies ``X`` per call into slivers
+    ``X__p(p / MR, c, p % MR)`` (``packing.PACK_ROW_MIN_STEP_BYTES``); with 12 pixels (48 bytes, inside a line)
+    or 64 output channels (too few columns to pay the copy) it reads ``X`` in place. Results: numpy's, and the
+    unpacked kernel's bit for bit (the same summation order), on 1 and 2 threads."""
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    src = "def pw(float(C,P) X, float(C,M) W) -> (Y) { Y(p, m) +=! X(c, p) * W(c, m) }"
+    rng = np.random.default_rng(12)
+    for c, p, m, copied in ((256, 49, 512, True), (256, 12, 512, False), (256, 49, 64, False)):
+        x, w = _inputs(rng, (c, p), (c, m))
+        want = x.T.astype(np.float64) @ w.astype(np.float64)
+        for threads in (1, 2):
+            kernel = polyc.define(src, options=Options(threads=threads)).specialize(x, w)
+            scop = kernel.stages.scop
+            slivers = [t for t in scop.tensors if t.name.startswith("X__p")]
+            assert bool(slivers) == copied, (c, p, m)
+            if copied:
+                mr = slivers[0].shape[-1]
+                assert slivers[0].role == "local" and slivers[0].shape == (-(-p // mr), c, mr) and mr > 1
+                reads = " ".join(str(s.reads) for s in scop.statements if not s.name.startswith("P"))
+                assert "X__p" in reads and "X[" not in reads
+            got = kernel(x, w)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+            plain = polyc.define(src, options=Options(threads=threads, promote=False)).specialize(x, w)
+            np.testing.assert_array_equal(got, plain(x, w))
+
+
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
 def test_a_constant_broadcast_operand_arrives_packed_in_row_slivers(cpu, monkeypatch, tmp_path):
     """The register tile's broadcast operand, when constant (an NCHW 1x1 convolution's weights ``W(m, c)``)
     and its rows a whole number of pages apart (1024 float32), arrives packed in slivers of the tile's MR
