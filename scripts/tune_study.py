@@ -23,7 +23,10 @@ measures a kernel's space once and replays searches on it many times (a surrogat
     POLYC_CPU=znver3 python scripts/tune_study.py --measure 200 --data study/    # the AVX2 target's space
 
 Prints, per kernel: candidates, distinct IRs, the best gain in the pool, how many candidates are within 5% of
-the best, and each strategy's mean gain and its geometric mean over the kernels.
+the best, each strategy's mean gain and their ratio (the mean over the seeds of log(model gain / random gain),
+as a factor, with its standard error: a seed replays both strategies on the same shuffled pool, so they are
+paired); then the geometric means over the kernels and the ratio's mean over the kernels with its standard
+error (the spread of the replays on these pools; how the pools were drawn adds its own).
 """
 from __future__ import annotations
 
@@ -137,24 +140,34 @@ def main(argv=None) -> int:
         return 2
     print(f"# {cpu}: searches of {args.trials} candidates replayed on measured pools, {args.seeds} seeds, "
           f"noise {args.noise:.0%}\n")
-    print("| kernel | candidates | distinct IR | best gain | within 5% of best | random | model |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| kernel | candidates | distinct IR | best gain | within 5% of best | random | model | model / random |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     means: dict = {"random": [], "model": []}
+    paired = []  # per kernel: (mean, standard error) of log(model gain / random gain) over the seeds
     defs = {label: (source, name) for _, label, source, name, _ in kernel_set()}
     for path in paths:
         rows = load(path)
         source, name = defs[rows[0]["kernel"]]
         choices = space(Kernel(source, name, Options(threads=1), records=False), host_target())
         times = [r["median"] for r in rows if r["median"]]
-        gains = {s: statistics.mean(replay(rows, choices, s, args.trials, seed, args.noise)
-                                    for seed in range(args.seeds)) for s in means}
+        runs = {s: [replay(rows, choices, s, args.trials, seed, args.noise) for seed in range(args.seeds)]
+                for s in means}
+        gains = {s: statistics.mean(v) for s, v in runs.items()}
         for s, g in gains.items():
             means[s].append(g)
+        # the two strategies replay a seed on the same shuffled pool and the same first draws: paired
+        logs = [math.log(m / r) for m, r in zip(runs["model"], runs["random"])]
+        paired.append((statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else 0.0))
         print(f"| {rows[0]['kernel']} | {len(rows)} | {len({r['ir'] for r in rows})} | "
               f"{rows[0]['median'] / min(times):.3f} | {sum(t <= 1.05 * min(times) for t in times)} | "
-              f"{gains['random']:.3f} | {gains['model']:.3f} |", flush=True)
+              f"{gains['random']:.3f} | {gains['model']:.3f} | "
+              f"{math.exp(paired[-1][0]):.3f} +- {paired[-1][1]:.3f} |", flush=True)
     geo = {s: math.exp(statistics.mean(math.log(g) for g in v)) for s, v in means.items()}
-    print(f"\ngeometric mean gain: random {geo['random']:.3f}, model {geo['model']:.3f}")
+    mean = statistics.mean(m for m, _ in paired)
+    error = math.sqrt(sum(e * e for _, e in paired)) / len(paired)
+    print(f"\ngeometric mean gain: random {geo['random']:.3f}, model {geo['model']:.3f}; model / random over the "
+          f"kernels {math.exp(mean):.4f}, standard error {error:.4f} "
+          f"({mean / error if error else 0:.1f} standard errors)")
     return 0
 
 

@@ -231,7 +231,8 @@ def test_tune_kernels_prints_gains_and_compares_searches(tmp_path):
 
 def test_tune_study_measures_a_pool_and_replays_searches_on_it(tmp_path):
     """--measure writes one JSON line per candidate (the default first, each with its IR fingerprint); the replay
-    prints a row per kernel: its pool, the distinct programs in it and each strategy's mean gain."""
+    prints a row per kernel: its pool, the distinct programs in it, each strategy's mean gain and their paired
+    ratio with its standard error."""
     result = run_script(SCRIPTS / "tune_study.py", "--measure", "6", "--only", "atax", "--data", tmp_path,
                         "--trials", "4", "--seeds", "2", timeout=600)
     assert result.returncode == 0, result.stderr
@@ -244,4 +245,6 @@ def test_tune_study_measures_a_pool_and_replays_searches_on_it(tmp_path):
     row = rows[0]
     assert number(row["candidates"]) == 7 and 1 <= number(row["distinct IR"]) <= 7
     assert number(row["best gain"]) >= 1.0 and number(row["random"]) > 0 and number(row["model"]) > 0
-    assert "geometric mean gain: random" in result.stdout
+    ratio, error = (float(x) for x in row["model / random"].split("+-"))  # paired over the seeds
+    assert ratio > 0 and error >= 0
+    assert "geometric mean gain: random" in result.stdout and "standard error" in result.stdout
