@@ -33,8 +33,9 @@ For each outermost band of isl's tree (in the manner of TC's numbered ``MappedSc
    :func:`polyc.poly.promote.promote` after the bands are done). An operand among ``constants`` (a model's
    weights, packed once by the caller instead of on every call) is packed wherever its access allows: the
    thresholds weigh a per-call copy that it does not pay. A constant *broadcast* operand whose rows are a
-   whole number of pages apart, or a computed one whose rows are adjacent and whose reduction steps jump
-   cache lines, is packed in slivers of MR rows (:func:`~.packing.choose_row_packing`).
+   whole number of pages apart, or any broadcast operand whose rows are adjacent and whose reduction steps
+   jump cache lines (copied per call unless constant), is packed in slivers of MR rows
+   (:func:`~.packing.choose_row_packing`).
 
 Every band's result is checked against the dependences it had to order (the verifier's tree walk): when
 it would break one, the band falls back to :func:`simple_band` (checked too), else stays as isl built it.
