@@ -117,7 +117,7 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
             continue
         jump = jump_bytes(read, [i for i in names if i not in stmt.lhs], stmt, scop)
         far = jump >= PACK_MIN_ROW_BYTES or (jump > 0 and jump % PACK_ALIASING_BYTES == 0)
-        single = sum(i not in stmt.lhs for i in stmt.indices) == 1
+        single = len(stmt.reduction_indices) == 1
         near = (single and jump >= PACK_MIN_STEP_BYTES and reuse >= PACK_NEAR_MIN_REUSE
                 and nr * L.itemsize(tensor.dtype) <= PACK_MAX_STEP_READ)
         if not (force or near or (tensor.name in constants and sole_read(scop, stmt.name, read))) and (
@@ -135,7 +135,7 @@ def band_packings(stmt: PolyStatement, scop: Scop, u_index: str, v_index: str, m
     False: the caller packs it transposed) and the broadcast operand's (:func:`choose_row_packing`), each
     laid out in loop order (:func:`packed_order`); ``columns`` is the number of register tiles along ``v_index``."""
     found = []
-    if vector_operand and any(i not in stmt.lhs for i in stmt.indices):
+    if vector_operand and stmt.reduction_indices:
         found.append(choose_packing(stmt, scop, u_index, v_index, nr, tile_v, reuse, force, constants))
     found.append(choose_row_packing(stmt, scop, u_index, v_index, mr, constants, columns))
     return [dataclasses.replace(p, order=packed_order(p.read, loops, p.position)) for p in found if p is not None]
@@ -159,7 +159,6 @@ def choose_row_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_i
     0.92-1.06x), 1 KiB (256 -> 1024) 0.91-1.07x: not packed."""
     if u_index is None or v_index is None or mr < 2 or stmt.op not in ("+=", "*=", "max=", "min="):
         return None
-    reductions = [i for i in stmt.indices if i not in stmt.lhs]
     for read in accesses_in(stmt.rhs):
         names = packable_names(read, stmt, scop)
         if names is None or u_index not in names or v_index in names:
@@ -167,6 +166,7 @@ def choose_row_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_i
         position = next(d for d, a in enumerate(read.args) if plain_index(a) and a.name == u_index)
         jump = jump_bytes(read, [u_index], stmt, scop)
         pages = read.tensor in constants and sole_read(scop, stmt.name, read) and jump and not jump % PACK_MIN_ROW_BYTES
+        reductions = stmt.reduction_indices
         lines = (position == len(read.args) - 1 and len(reductions) == 1 and columns >= PACK_NEAR_MIN_REUSE
                  and jump_bytes(read, reductions, stmt, scop) >= PACK_ROW_MIN_STEP_BYTES)
         if not (pages or lines):

@@ -96,6 +96,11 @@ class PolyStatement:
     #: whatever the ``?:`` guards above them say: codegen loads them without a mask
     safe_reads: frozenset = frozenset()
 
+    @property
+    def reduction_indices(self) -> tuple[str, ...]:
+        """The indices of ``indices`` that are not on the left-hand side (the reduction's), in order."""
+        return tuple(i for i in self.indices if i not in self.lhs)
+
 
 @dataclass(frozen=True, eq=False)
 class Scop:

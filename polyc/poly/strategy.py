@@ -679,7 +679,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
     stream = v is not None and u is None and bool(R) and streams_rows(node, stmt, scop, v, R)
     order = P + [k for k in (u, v) if k is not None] + R
     extents = band_extents(node, scop.hint)
-    loops = [scop.ranges.get((stmt.name, i), (0, 1)) for i in stmt.indices if i not in stmt.lhs]
+    loops = [scop.ranges.get((stmt.name, i), (0, 1)) for i in stmt.reduction_indices]
     mr, nr = register_tile_sizes(options, lanes(scop, target), target.vector_registers,
                                  extents[v] if v is not None else None, sum(hi - lo > 1 for lo, hi in loops),
                                  extents[u] if u is not None else None)
