@@ -59,7 +59,7 @@ PACK_NEAR_MIN_REUSE = 16
 #: sliver: the flattened channels-last NCHW 1x1 convolution's ``X(c, p)`` (a step of ``c`` jumps the image,
 #: 196 bytes at 7x7). Measured (Zen 4, packed against not, paired in one process; ResNet-50's three such
 #: Conv nodes): 1 thread, AVX2 512 -> 2048 at 7x7 0.81 -> 0.85 of onnxruntime, 1x1/2 1024 -> 2048 0.88 -> 0.97,
-#: 2048 -> 512 0.92 -> 0.95; AVX-512 0.89 -> 0.90, 0.97 -> 0.99, 0.97 -> 0.98; 2 threads level on both.
+#: 2048 -> 512 0.92 -> 0.95; AVX-512 0.89 -> 0.90, 0.97 -> 0.99, 0.97 -> 0.98; 2 threads level on average.
 PACK_ROW_MIN_STEP_BYTES = 64
 
 
