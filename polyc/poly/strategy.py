@@ -58,7 +58,7 @@ from .affine import accesses_in, element_stride
 from .deps import Dependences
 from .marks import mark_name
 from .scop import PolyStatement, Scop
-from .packing import (PACK_MIN_ROW_BYTES, Packing, band_packings, jump_bytes, loop_order,
+from .packing import (PACK_MIN_ROW_BYTES, Packing, band_packings, choose_row_packing, jump_bytes, loop_order,
                       packable_names, plain_index)
 from .transforms import (band_coincident, band_extents, band_permute, band_ranges, band_sink, band_split, band_tile,
                          bands, branches_below, dependences_at, distribute_bands, distribute_serialized,
@@ -495,7 +495,13 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
     pixels, weights cold (1 thread, Zen 4, AVX-512 / AVX2): 512 -> 2048 1.11x / 1.09x faster than with kc =
     256, 2048 -> 512 1.02x / 1.02x. Rows that jump lines every step (an NCHW input's 7 pixels, 196 bytes
     apart, read by a convolution the lowering computes channels-last) keep the L1 rule's tile: untiled, the
-    same two convolutions ran 0.89x / 0.91x with AVX2 (1.09x / 0.97x with AVX-512).
+    same two convolutions ran 0.89x / 0.91x with AVX2 (1.09x / 0.97x with AVX-512). Copied in slivers of the
+    register tile's rows (:func:`~.packing.choose_row_packing`), those rows are read along their lines again
+    (:func:`micro_step_bytes`' ``slivers``) and the reduction runs whole. Measured (Zen 4, single Conv nodes,
+    paired in one process, old -> new against onnxruntime at 1 thread; polyc against itself at 2): ResNet-50's
+    512 -> 2048 at 7x7 0.89 -> 0.97 (AVX-512) and 0.90 -> 0.96 (AVX2), 1x1/2 1024 -> 2048 0.97 -> 1.04 and
+    0.99 -> 1.03, 2048 -> 512 0.98 -> 0.99 and 0.95 -> 0.97, ShuffleNetV2's 464 -> 1024 at 7x7 0.89 -> 0.95 and
+    0.87 -> 0.96; at 2 threads 1.01-1.11x faster on both.
 
     ``dot`` (the vector loop is a reduction: a dot product per row, GEMV's ``y(n) += W(n, k) x(k)``): each
     reduction whose extent x ``depth`` fits the L2 budget is not tiled, so a row is one stream, summed across
@@ -564,7 +570,7 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
 
 
 def micro_step_bytes(stmt: PolyStatement, scop: Scop, u_index: str, v_index: str, r_index: str, mr: int,
-                     nr: int) -> int:
+                     nr: int, slivers: L.Access | None = None) -> int:
     """The bytes one step of reduction index ``r_index`` brings into L1 for one ``mr x nr`` register tile
     over ``(u_index, v_index)``: for each read that jumps a line or more per step, the cache lines (64 bytes)
     its ``nr`` columns or else its ``mr`` rows span (7 pixels of an image row, 196 bytes apart: 2 lines, as a
@@ -576,7 +582,9 @@ def micro_step_bytes(stmt: PolyStatement, scop: Scop, u_index: str, v_index: str
     on every shape measured (1 thread, Zen 4, weights cold: ResNet-50's 1x1 convolutions over flattened
     pixels 1.00-1.13x; SGEMM 512-2048 1.00-1.02x); not counted beside 196-byte rows, ResNet-50's NCHW 1x1
     convolutions at 7x7 (vectors over the 49 pixels) got kc = 256 instead of 128 with AVX2 and ran 0.91x.
-    0 when some access is not affine. For :func:`cache_tile_sizes`' L1 rule."""
+    ``slivers``: the read that is copied in slivers of the MR rows (:func:`~.packing.choose_row_packing`), whose
+    step then reads MR elements side by side (along its lines) whatever its jump. 0 when some access is not
+    affine. For :func:`cache_tile_sizes`' L1 rule."""
     total, along_lines, straddles = 0, 0, False
     for read in accesses_in(stmt.rhs):
         tensor = scop.tensor(read.tensor)
@@ -587,6 +595,9 @@ def micro_step_bytes(stmt: PolyStatement, scop: Scop, u_index: str, v_index: str
             return 0
         jump, along_u, along_v = (abs(x) for x in strides)
         if not jump:
+            continue
+        if read == slivers:  # copied in slivers of the MR rows: a step reads them side by side, along its lines
+            along_lines += mr * item
             continue
         count, spacing = (nr, along_v) if along_v else (mr, along_u)
         span = ((count - 1) * spacing + 1) * item if spacing else item
@@ -702,8 +713,12 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
             lo, hi = scop.ranges.get((stmt.name, index), (0, 1))
             depth *= max(1, hi - lo)
     reduction_indices = [member_index(node, k, stmt) for k in R]
+    columns = -(-extents[v] // nr) if v is not None else 0  # register tiles along v
+    slivers = choose_row_packing(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt), mr,
+                                 constants, columns) \
+        if u is not None and v is not None and options.promote is not False else None
     step_bytes = micro_step_bytes(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt),
-                                  reduction_indices[0], mr, nr) \
+                                  reduction_indices[0], mr, nr, slivers.read if slivers else None) \
         if u is not None and v is not None and len(R) == 1 and depth == 1 and None not in reduction_indices \
         else 0
     shared = step_bytes > 0 and streams_panel(stmt, scop, [member_index(node, k, stmt) for k in P],
@@ -729,7 +744,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
         packs += band_packings(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt), mr, nr,
                                tiles[order.index(v)] if options.tile else None, -(-rows // mr), loops,
                                options.promote is True, constants, vector_operand=transposed is None,
-                               columns=-(-extents[v] // nr))
+                               columns=columns)
     node = band_permute(node, order)
     band_path = path_of(node)
     if options.tile and not single_tile(node, tiles, scop.hint):

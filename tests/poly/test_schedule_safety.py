@@ -21,6 +21,7 @@ from polyc import Options
 from polyc.errors import CompileError
 from polyc.lang import check_def, parse
 from polyc.poly import schedule as schedule_module
+from polyc.poly.affine import accesses_in
 from polyc.poly.build import build_scop
 from polyc.poly.deps import compute_dependences
 from polyc.poly.schedule import compute_schedule, identity_schedule, tree_text
@@ -670,6 +671,38 @@ def test_a_shared_weight_panel_is_streamed_in_slivers_over_all_rows():
     scop = scop_of(bmm, B=12, M=50, K=512, N=2048)
     stmt = next(s for s in scop.statements if s.op == "+=")
     assert not strategy.streams_panel(stmt, scop, ["b"], "m", "n", 1 << 20)
+
+
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+def test_rows_copied_in_slivers_count_as_read_along_their_lines(cpu, monkeypatch):
+    """micro_step_bytes: the flattened NCHW 1x1 convolution's pixels ``X(c, p)`` jump 196 bytes a step and
+    straddle lines (two per step for 7 pixels); copied in slivers of the register tile's rows (packing's
+    row-sliver rule) they are MR floats side by side, so a step brings only the weights' NR columns into L1
+    and cache_tile_sizes keeps the whole 512-deep reduction in one tile (each weight sliver one stream, the
+    accumulators in registers throughout). Results: numpy's, and the unpacked kernel's (reduction in tiles,
+    the same summation order) bit for bit, on 1 and 2 threads."""
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    src = "def pw(float(C,P) X, float(C,M) W) -> (Y) { Y(p, m) +=! X(c, p) * W(c, m) }"
+    scop = scop_of(src, C=512, P=49, M=2048)
+    stmt = next(s for s in scop.statements if s.op == "+=")
+    read = next(r for r in accesses_in(stmt.rhs) if r.tensor == "X")
+    assert strategy.micro_step_bytes(stmt, scop, "p", "m", "c", 7, 32) == 2 * 64 + 2 * 64
+    assert strategy.micro_step_bytes(stmt, scop, "p", "m", "c", 7, 32, slivers=read) == 2 * 64
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((512, 49)).astype(np.float32)
+    w = rng.standard_normal((512, 2048)).astype(np.float32)
+    want = x.T.astype(np.float64) @ w.astype(np.float64)
+    for threads in (1, 2):
+        compiled = polyc.define(src, options=Options(threads=threads)).specialize(x, w)
+        assert any(t.name.startswith("X__p") for t in compiled.stages.scop.tensors)
+        loops = [line.strip() for line in compiled.stage("ast").splitlines() if line.strip().startswith("for ")]
+        assert not any("+= 128)" in line or "+= 256)" in line for line in loops), loops  # no reduction tile
+        got = compiled(x, w)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        plain = polyc.define(src, options=Options(threads=threads, promote=False)).specialize(x, w)
+        assert any("+= 128)" in line or "+= 256)" in line or "+= 64)" in line
+                   for line in plain.stage("ast").splitlines())  # unpacked: the L1 rule's reduction tiles
+        np.testing.assert_array_equal(got, plain(x, w))
 
 
 @pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
