@@ -55,7 +55,7 @@ def test_a_gemm_of_single_output_tiles_splits_one_for_the_threads():
 
 
 def test_split_for_threads():
-    from polyc.poly.strategy import split_for_threads, thread_balance
+    from polyc.poly.tiling import split_for_threads, thread_balance
     # order [u, v, r]: one tile of 50 rows and of 192 columns, three reduction tiles
     order, coincident, extents = [0, 1, 2], [True, True, False], [50, 192, 768]
     assert split_for_threads(order, coincident, extents, [64, 256, 256], {0: 4, 1: 16}, 2) == [64, 96, 256]
@@ -210,7 +210,7 @@ def test_thread_balance_is_the_busiest_chunk_in_closed_form():
     tiles of 8 once took a minute to plan): equal to summing every tile of every chunk, on small loops."""
     import random
 
-    from polyc.poly.strategy import thread_balance
+    from polyc.poly.tiling import thread_balance
 
     def by_tiles(extent, tile, threads):
         n = -(-extent // tile)

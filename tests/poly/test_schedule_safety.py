@@ -25,7 +25,7 @@ from polyc.poly.affine import accesses_in
 from polyc.poly.build import build_scop
 from polyc.poly.deps import compute_dependences
 from polyc.poly.schedule import compute_schedule, identity_schedule, tree_text
-from polyc.poly import strategy
+from polyc.poly import strategy, tiling
 from polyc.poly.promote import packed_array
 from polyc.poly.strategy import apply_strategy
 from polyc.poly.transforms import band_sink, bands, order_sets
@@ -392,32 +392,32 @@ def test_register_tile_rows_fit_the_partial_tile_in_half_the_registers():
     member is narrower than a tile, so its one tile is a partial one that codegen runs as power-of-two
     pieces -- unless half the registers hold too few accumulators to hide the FMA latency with a quarter to
     spare (AVX2's 4 rows of 2 vectors): then 5 rows, leaving two rows of the vector operand and two more."""
-    assert strategy.row_registers(32, 16) == 2 and strategy.row_registers(28, 16) == 3
-    assert strategy.row_registers(12, 8) == 2 and strategy.row_registers(7, 8) == 3
+    assert tiling.row_registers(32, 16) == 2 and tiling.row_registers(28, 16) == 3
+    assert tiling.row_registers(12, 8) == 2 and tiling.row_registers(7, 8) == 3
     options = polyc.Options()
-    assert strategy.register_tile_sizes(options, 8, 16) == (5, 16)              # AVX2: 10 of 16
-    assert strategy.register_tile_sizes(options, 16, 32) == (8, 32)             # AVX-512
-    assert strategy.register_tile_sizes(options, 16, 32, width=64) == (8, 32)   # only full tiles
-    assert strategy.register_tile_sizes(options, 16, 32, width=28) == (5, 32)   # 16 + 8 + 4
-    assert strategy.register_tile_sizes(options, 8, 16, width=12) == (5, 16)    # 8 + 4
-    assert strategy.register_tile_sizes(options, 8, 16, width=7) == (2, 16)     # 4 + 2 + 1
-    assert strategy.register_tile_sizes(options, 8, 16, width=55) == (5, 16)    # full tiles first
-    assert strategy.register_tile_sizes(polyc.Options(register_tile_sizes=(3,)), 16, 32, width=28) == (3, 32)
+    assert tiling.register_tile_sizes(options, 8, 16) == (5, 16)              # AVX2: 10 of 16
+    assert tiling.register_tile_sizes(options, 16, 32) == (8, 32)             # AVX-512
+    assert tiling.register_tile_sizes(options, 16, 32, width=64) == (8, 32)   # only full tiles
+    assert tiling.register_tile_sizes(options, 16, 32, width=28) == (5, 32)   # 16 + 8 + 4
+    assert tiling.register_tile_sizes(options, 8, 16, width=12) == (5, 16)    # 8 + 4
+    assert tiling.register_tile_sizes(options, 8, 16, width=7) == (2, 16)     # 4 + 2 + 1
+    assert tiling.register_tile_sizes(options, 8, 16, width=55) == (5, 16)    # full tiles first
+    assert tiling.register_tile_sizes(polyc.Options(register_tile_sizes=(3,)), 16, 32, width=28) == (3, 32)
     # one reduction loop (GEMM, a 1x1 convolution): 1.5 x FMA_IN_FLIGHT accumulators where the registers allow
-    assert strategy.register_tile_sizes(options, 8, 16, reductions=1) == (6, 16)                # AVX2: 12
-    assert strategy.register_tile_sizes(options, 16, 32, reductions=1) == (8, 32)               # AVX-512: as is
-    assert strategy.register_tile_sizes(options, 8, 16, width=7, reductions=1) == (4, 16)       # 3 pieces
+    assert tiling.register_tile_sizes(options, 8, 16, reductions=1) == (6, 16)                # AVX2: 12
+    assert tiling.register_tile_sizes(options, 16, 32, reductions=1) == (8, 32)               # AVX-512: as is
+    assert tiling.register_tile_sizes(options, 8, 16, width=7, reductions=1) == (4, 16)       # 3 pieces
     # the rows spread evenly over the tiles of a row member of ``height`` rows: no tile of a row or two
     for lanes, height, reductions, rows in ((8, 7, 1, 4), (8, 14, 1, 5), (8, 13, 1, 5), (8, 56, 1, 6),
                                            (8, 64, 1, 6), (8, 5, 2, 5), (8, 7, 2, 4), (16, 7, 2, 7), (16, 28, 2, 7),
                                            (16, 64, 2, 8), (8, 1, 2, 1)):
-        mr = strategy.register_tile_sizes(options, lanes, 2 * lanes, reductions=reductions, height=height)[0]
+        mr = tiling.register_tile_sizes(options, lanes, 2 * lanes, reductions=reductions, height=height)[0]
         assert mr == rows, (lanes, height, mr)
-        full = strategy.register_tile_sizes(options, lanes, 2 * lanes, reductions=reductions)[0]
+        full = tiling.register_tile_sizes(options, lanes, 2 * lanes, reductions=reductions)[0]
         tiles = -(-height // mr)
         assert tiles == -(-height // full)  # as many tiles as before, the last one at least as full
         assert height - (tiles - 1) * mr >= height - (tiles - 1) * full
-    assert strategy.register_tile_sizes(polyc.Options(register_tile_sizes=(6,)), 8, 16, height=7) == (6, 16)
+    assert tiling.register_tile_sizes(polyc.Options(register_tile_sizes=(6,)), 8, 16, height=7) == (6, 16)
     # and the kernel it gives (5 rows on an AVX-512 host, a partial row tile over 64 channels) is right
     rng = np.random.default_rng(11)
     x = rng.standard_normal((1, 16, 30, 30)).astype(np.float32)
@@ -432,16 +432,16 @@ def test_few_rows_take_three_vectors_of_columns_where_two_leave_the_fma_pipes_id
     (4 + 3 rows of 12 and 9 accumulators) when that fills the FMA pipes at least WIDEN_MIN_GAIN better;
     long row members, 3x3 convolutions (whose 3-vector tile has 2 rows on AVX2), one-row GEMVs and vector
     members narrower than three vectors keep two."""
-    assert strategy._fma_efficiency(4, 2, 7) == 0.875 and strategy._fma_efficiency(4, 3, 7) == 1.0
-    assert strategy._fma_efficiency(6, 2, 48) == 1.0 and strategy._fma_efficiency(6, 2, 50) == 50 / 52
+    assert tiling._fma_efficiency(4, 2, 7) == 0.875 and tiling._fma_efficiency(4, 3, 7) == 1.0
+    assert tiling._fma_efficiency(6, 2, 48) == 1.0 and tiling._fma_efficiency(6, 2, 50) == 50 / 52
     options = polyc.Options()
     for lanes, regs, height, reductions, width, want in (
             (8, 16, 7, 1, None, (4, 24)), (8, 16, 7, 1, 2048, (4, 24)), (8, 16, 7, 1, 16, (4, 16)),
             (8, 16, 14, 1, None, (5, 16)), (8, 16, 56, 1, None, (6, 16)), (8, 16, 1, 1, None, (1, 16)),
             (8, 16, 7, 2, None, (4, 16)), (16, 32, 7, 1, None, (7, 32)), (16, 32, 3, 1, None, (3, 48))):
-        got = strategy.register_tile_sizes(options, lanes, regs, width=width, reductions=reductions, height=height)
+        got = tiling.register_tile_sizes(options, lanes, regs, width=width, reductions=reductions, height=height)
         assert got == want, (lanes, height, reductions, width, got)
-    assert strategy.register_tile_sizes(polyc.Options(register_tile_sizes=(4,)), 8, 16, reductions=1,
+    assert tiling.register_tile_sizes(polyc.Options(register_tile_sizes=(4,)), 8, 16, reductions=1,
                                         height=7) == (4, 16)  # the option's rows keep two vectors
 
 
@@ -452,12 +452,12 @@ def test_fewer_rows_where_they_divide_the_row_member_much_better(monkeypatch, cp
     ROWS_MIN_GAIN better and are taken. Heights the 6 rows divide well enough keep them, as does every
     height with AVX-512's 8 rows here and 3x3 convolutions' 5 (4 rows would leave no accumulator of slack).
     A 1x1 convolution of 55x55 pixels channels-last matches numpy, on one and two threads."""
-    assert strategy._fma_efficiency(5, 2, 55) == 1.0 and strategy._fma_efficiency(6, 2, 55) == 55 / 58
+    assert tiling._fma_efficiency(5, 2, 55) == 1.0 and tiling._fma_efficiency(6, 2, 55) == 55 / 58
     options = polyc.Options()
     for lanes, regs, height, reductions, want in (
             (8, 16, 55, 1, (5, 16)), (8, 16, 56, 1, (6, 16)), (8, 16, 500, 1, (6, 16)), (8, 16, 55, 3, (5, 16)),
             (8, 16, 56, 3, (5, 16)), (16, 32, 55, 1, (8, 32)), (16, 32, 55, 3, (8, 32))):
-        got = strategy.register_tile_sizes(options, lanes, regs, reductions=reductions, height=height)
+        got = tiling.register_tile_sizes(options, lanes, regs, reductions=reductions, height=height)
         assert got == want, (lanes, height, reductions, got)
     if cpu is not None:
         monkeypatch.setenv("POLYC_CPU", cpu)
@@ -525,7 +525,7 @@ def test_a_single_reduction_tile_keeps_the_micro_panels_in_l1():
     read along its rows counts only beside one whose steps straddle lines."""
     target = Target("x86_64-unknown-linux-gnu", "znver5", "", 512, 2, 49152, 1 << 20, 32 << 20, 32)
     order, coincident, extents = [0, 1, 2], [True, True, False], [7, 2048, 512]
-    tiles = lambda **kw: strategy.cache_tile_sizes(order, 0, 1, coincident, extents, polyc.Options(), target,  # noqa
+    tiles = lambda **kw: tiling.cache_tile_sizes(order, 0, 1, coincident, extents, polyc.Options(), target,  # noqa
                                                    7, 32, **kw)
     assert tiles()[2] == 256
     assert tiles(step_bytes=256)[2] == 128          # 256 x 256 = 64 KiB > 48 KiB
@@ -542,16 +542,16 @@ def test_a_single_reduction_tile_keeps_the_micro_panels_in_l1():
     scop = scop_of(src, C=512, P=49, M=2048)
     stmt = next(s for s in scop.statements if s.op == "+=")
     # X: 7 pixels of a 196-byte row (may straddle a line: 2 lines); Wt: 32 floats of an 8 KiB row (2 lines)
-    assert strategy.micro_step_bytes(stmt, scop, "p", "m", "c", 7, 32) == 128 + 128
+    assert tiling.micro_step_bytes(stmt, scop, "p", "m", "c", 7, 32) == 128 + 128
     gemm = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
     scop = scop_of(gemm, M=512, K=512, N=512)
     stmt = next(s for s in scop.statements if s.op == "+=")
-    assert strategy.micro_step_bytes(stmt, scop, "m", "n", "k", 8, 32) == 128  # A along its rows: nothing
+    assert tiling.micro_step_bytes(stmt, scop, "m", "n", "k", 8, 32) == 128  # A along its rows: nothing
     nchw = "def pw(float(C,P) X, float(M,C) W) -> (T) { T(m, p) +=! W(m, c) * X(c, p) }"
     scop = scop_of(nchw, C=512, P=49, M=2048)
     stmt = next(s for s in scop.statements if s.op == "+=")
     # X's 196-byte rows straddle lines (16 pixels: 2 lines), so W's 6 rows along their lines count: 6 x 4
-    assert strategy.micro_step_bytes(stmt, scop, "m", "p", "c", 6, 16) == 128 + 6 * 4
+    assert tiling.micro_step_bytes(stmt, scop, "m", "p", "c", 6, 16) == 128 + 6 * 4
 
 
 @pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
@@ -577,8 +577,8 @@ def test_a_partial_vector_tile_of_many_pieces_gets_its_own_rows(cpu, monkeypatch
                    if "// unroll" not in line and "for (int c10 = 0; c10 <=" in line})
     # fewer rows for the partial tile: as many as its own width allows (the full part's last row tile may
     # be shorter than its others)
-    partial = strategy.register_tile_sizes(polyc.Options(), lanes, nr, width=55 - cut)[0]
-    assert rows[0] == partial < rows[-1] == strategy.register_tile_sizes(polyc.Options(), lanes, nr)[0], ast
+    partial = tiling.register_tile_sizes(polyc.Options(), lanes, nr, width=55 - cut)[0]
+    assert rows[0] == partial < rows[-1] == tiling.register_tile_sizes(polyc.Options(), lanes, nr)[0], ast
     np.testing.assert_allclose(compiled(x, w), expected, rtol=1e-4, atol=1e-3)
     naive = kernel.specialize(x, w, options=polyc.Options.naive())
     np.testing.assert_allclose(compiled(x, w), naive(x, w), rtol=1e-5, atol=1e-4)
@@ -594,7 +594,7 @@ def test_a_dot_product_band_reads_whole_rows(cpu, monkeypatch):
     are numpy's and the naive kernel's, also on two threads."""
     monkeypatch.setenv("POLYC_CPU", cpu)
     target = Target("x86_64-unknown-linux-gnu", "znver3", "", 256, 2, 32768, 1 << 20, 32 << 20, 16)
-    tiles = lambda extents, **kw: strategy.cache_tile_sizes([0, 1], None, None, [True, False], extents,  # noqa
+    tiles = lambda extents, **kw: tiling.cache_tile_sizes([0, 1], None, None, [True, False], extents,  # noqa
                                                             polyc.Options(), target, 1, 16, **kw)
     assert tiles([1000, 2048]) == [8, 256] and tiles([1000, 2048], dot=True) == [8, 2048]
     assert tiles([1000, 1 << 18], dot=True) == [8, 256]  # 1 MiB of X per row: beyond half the L2
@@ -618,7 +618,7 @@ def test_the_row_tile_grows_to_the_column_tile_but_leaves_every_thread_rows():
     whole register tiles)."""
     target = Target("x86_64-unknown-linux-gnu", "znver3", "", 256, 2, 32768, 512 << 10, 32 << 20, 16)
     order, coincident = [0, 1, 2], [True, True, False]
-    tiles = lambda extents, **kw: strategy.cache_tile_sizes(order, 0, 1, coincident, extents,  # noqa: E731
+    tiles = lambda extents, **kw: tiling.cache_tile_sizes(order, 0, 1, coincident, extents,  # noqa: E731
                                                             polyc.Options(), target, 6, 16, **kw)
     assert tiles([2048, 2048, 2048]) == [256, 256, 256]      # 16 x MR = 96 rows grow to nc = 256
     assert tiles([2048, 2048, 2048], n_threads=2) == [256, 256, 256]
@@ -653,7 +653,7 @@ def test_a_shared_weight_panel_is_streamed_in_slivers_over_all_rows():
     order, coincident = [0, 1, 2, 3], [True, True, True, False]  # [h, w, m, c]: P = [h], u = w, v = m
 
     def tiles(extents, shared=True, step_bytes=256):
-        return strategy.cache_tile_sizes(order, 1, 2, coincident, extents, polyc.Options(), target, 7, 32,
+        return tiling.cache_tile_sizes(order, 1, 2, coincident, extents, polyc.Options(), target, 7, 32,
                                          step_bytes=step_bytes, shared_panel=shared)
 
     assert tiles([7, 7, 2048, 512]) == [7, 7, 32, 128]        # rows jumping lines: kc 128 from the L1 rule
@@ -686,8 +686,8 @@ def test_rows_copied_in_slivers_count_as_read_along_their_lines(cpu, monkeypatch
     scop = scop_of(src, C=512, P=49, M=2048)
     stmt = next(s for s in scop.statements if s.op == "+=")
     read = next(r for r in accesses_in(stmt.rhs) if r.tensor == "X")
-    assert strategy.micro_step_bytes(stmt, scop, "p", "m", "c", 7, 32) == 2 * 64 + 2 * 64
-    assert strategy.micro_step_bytes(stmt, scop, "p", "m", "c", 7, 32, slivers=read) == 2 * 64
+    assert tiling.micro_step_bytes(stmt, scop, "p", "m", "c", 7, 32) == 2 * 64 + 2 * 64
+    assert tiling.micro_step_bytes(stmt, scop, "p", "m", "c", 7, 32, slivers=read) == 2 * 64
     rng = np.random.default_rng(5)
     x = rng.standard_normal((512, 49)).astype(np.float32)
     w = rng.standard_normal((512, 2048)).astype(np.float32)
@@ -721,7 +721,7 @@ def test_convolutions_streaming_weight_slivers_match_numpy(cpu, monkeypatch):
         x = rng.standard_normal(x_shape).astype(np.float32)
         w = rng.standard_normal(w_shape).astype(np.float32)
         want = x.astype(np.float64) @ w.astype(np.float64)
-        nr = strategy.register_tile_sizes(Options(), target.lanes("float32"), target.vector_registers,
+        nr = tiling.register_tile_sizes(Options(), target.lanes("float32"), target.vector_registers,
                                           reductions=1, height=x_shape[-2])[1]  # 3 vectors for 7 rows on AVX2
         for threads in (1, 2):
             kernel = polyc.define(src, options=Options(threads=threads))
