@@ -18,6 +18,7 @@ tuners may share a file.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -38,8 +39,10 @@ def records_path() -> Path | None:
     return None if directory is None else directory / "tuning.jsonl"
 
 
+@functools.lru_cache(maxsize=None)
 def polyc_version() -> str:
-    """The installed polyc's version (package metadata)."""
+    """The installed polyc's version (package metadata; read once a process: each read scans the installed
+    distributions, 2 ms, once per kernel of a model)."""
     try:
         return version("polyc")
     except PackageNotFoundError:

@@ -268,6 +268,50 @@ def test_opset_6_prelu_slope_is_per_channel_after_conversion(x_shape, ir):
     np.testing.assert_allclose(ort_run(converted, {"x": x})[0], np.where(x > 0, x, x * slope), rtol=1e-6)
 
 
+@pytest.mark.parametrize("ir", [3, 8])
+def test_shape_inference_without_the_large_initializers_infers_what_onnx_infers_with_them(ir, monkeypatch):
+    """load_model hands onnx's shape inference the initializers of more than INFER_MAX_VALUES elements as typed
+    graph inputs (onnx would serialize them and parse them back): the value_info, outputs and subgraphs it
+    infers are those of the whole model (a Reshape whose target is a small initializer, data propagation
+    through Shape of a large weight, an If whose branches read it), and the weights keep their values."""
+    w = RNG.standard_normal((64, 48)).astype(np.float32)                 # 3072 elements: handed over as a type
+    target = np.array([4, -1], np.int64)                                  # small: data propagation reads it
+    then = helper.make_graph([helper.make_node("Relu", ["m"], ["t"])], "then", [], [vi("t", [2, 48])])
+    other = helper.make_graph([helper.make_node("Neg", ["m"], ["e"])], "else", [], [vi("e", [2, 48])])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Reshape", ["m", "target"], ["r"]),
+             helper.make_node("Shape", ["w"], ["s"]),
+             helper.make_node("ConstantOfShape", ["s"], ["z"]),
+             helper.make_node("ReduceSum", ["z"], ["zs"], keepdims=0),
+             helper.make_node("Greater", ["zs", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(target, "target"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    model = make_model(nodes, [vi("x", [2, 64])], [vi("r", ["a", "b"]), vi("y", [2, 48])], inits)
+    if ir == 3:  # IR 3 lists every initializer among the graph inputs
+        model.graph.input.extend(vi(t.name, list(t.dims), t.data_type) for t in inits)
+    model.ir_version = ir
+    full = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    handed = []
+    infer = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes",
+                        lambda m, **kw: handed.append([t.name for t in m.graph.initializer]) or infer(m, **kw))
+    loaded = load_model(model)
+    assert handed == [["target", "zero"]]
+    assert [vi.SerializeToString() for vi in loaded.graph.value_info] == \
+        [vi.SerializeToString() for vi in full.graph.value_info]
+    assert [o.SerializeToString() for o in loaded.graph.output] == [o.SerializeToString() for o in full.graph.output]
+    assert [n.SerializeToString() for n in loaded.graph.node] == [n.SerializeToString() for n in full.graph.node]
+    assert [d.dim_value for d in loaded.graph.output[0].type.tensor_type.shape.dim] == [4, 24]
+    assert [t.name for t in loaded.graph.initializer] == ["w", "target", "zero"]
+    np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), w)
+    assert [i.name for i in loaded.graph.input] == [i.name for i in model.graph.input]
+    x = RNG.standard_normal((2, 64)).astype(np.float32)
+    got = polyc.onnx.compile(model)(x)
+    np.testing.assert_allclose(got[0], (x @ w).reshape(4, 24), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], -(x @ w), rtol=1e-5, atol=1e-5)
+
+
 def test_opset_1_model_is_converted():
     model = make_model([helper.make_node("Sigmoid", ["x"], ["y"])], [vi("x", [7, 3])], [vi("y", [7, 3])], opset=1)
     x = RNG.standard_normal((7, 3)).astype(np.float32)
