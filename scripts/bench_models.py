@@ -23,7 +23,10 @@ per model, the share of OpenVINO's node time in such kernels (its per-node profi
 the timing in a compile of its own): an AVX2 OpenVINO ratio is like-for-like only where that share is small.
 
 Needs the ``bench`` extra (onnxruntime, openvino). Timings on a shared machine are noisy: compare ratios of
-one run, and re-run when the load average (printed) is above a few tenths.
+one run, and re-run when the load average (printed) is above a few tenths. The ``FMA free`` column says how
+much of the machine the row had: the FMA loop's rate at the row's thread count just before and just after its
+timing rounds (the lower), over the rate measured at the start. A row well below 100% ran while other work
+held a core (on a small VM, another guest): its latencies, and at 2 threads its ratios, are not the code's.
 """
 from __future__ import annotations
 
@@ -182,13 +185,18 @@ class Machine:
     def __init__(self, thread_counts):
         from fma_peak import FmaPeak
 
-        fma = FmaPeak()
+        self.fma = fma = FmaPeak()
         self.isa = fma.isa
         self.peak = {t: g * 1e9 for t, g in fma.measure("float32", thread_counts, 5, 0.1).items()}
         a = np.ones(16 << 20, np.float32)
         b = np.empty_like(a)
         best = min(_seconds(lambda: np.copyto(b, a)) for _ in range(7))
         self.bandwidth = 2 * a.nbytes / best
+
+    def available(self, threads: int) -> float:
+        """The FMA loop's rate at ``threads`` threads now over the peak measured at the start (about 1.0 on
+        an idle machine; below it while other work holds a core)."""
+        return self.fma.measure("float32", [threads], 1, 0.1)[threads] * 1e9 / self.peak[threads]
 
     def describe(self) -> str:
         peaks = ", ".join(f"{p / 1e9:.0f} GFLOP/s at {t} thread{'s' if t > 1 else ''}"
@@ -253,13 +261,15 @@ def bench_model(name: str, thread_counts, runs: int, slowest: int, machine: Mach
                     for kind in [k for k, e in engines.items() if e.error]:
                         print(f"  {kind} left out: {engines.pop(kind).error}", file=sys.stderr)
                     error = relative_error(engines["polyc"].output(), engines["onnxruntime"].output())
+                    free = machine.available(threads)
                     medians = timed_in_turn(engines, runs)
+                    free = min(free, machine.available(threads))
                     wide = engines["openvino"].wide_share() if "openvino" in engines else None
                 finally:
                     for e in engines.values():
                         e.close()
                 rows.append(dict(model=name, threads=threads, cold=cold, warm=warm, kernels=len(model.compile_seconds),
-                                 arena=model.arena_bytes, error=error,
+                                 arena=model.arena_bytes, error=error, free=free,
                                  ms={k: v * 1e3 for k, v in medians.items()}, openvino_wide=wide,
                                  slowest=where_time_goes(model, feeds, machine, threads, slowest)))
         finally:
@@ -281,9 +291,9 @@ def report(rows: list[dict], machine: Machine, cpu: str, runs: int) -> str:
            f"each engine in its own process, in turn; load average {os.getloadavg()[0]:.2f}", ""]
     head = "| model | threads | cold s | warm s | kernels | arena MiB | polyc ms | " + \
         " | ".join(f"{p} ms | ratio {p}/polyc" for p in peers) + " | max rel. error |" + \
-        (" OpenVINO time beyond AVX2 |" if "openvino" in peers else "")
+        (" OpenVINO time beyond AVX2 |" if "openvino" in peers else "") + " FMA free |"
     out += [head, "| --- | ---: " + "| ---: " * (5 + 2 * len(peers)) + "| ---: |"
-            + (" ---: |" if "openvino" in peers else "")]
+            + (" ---: |" if "openvino" in peers else "") + " ---: |"]
     for r in rows:
         cells = [r["model"], str(r["threads"]), f"{r['cold']:.1f}", f"{r['warm']:.2f}", str(r["kernels"]),
                  f"{r['arena'] / 2**20:.1f}", f"{r['ms']['polyc']:.2f}"]
@@ -294,6 +304,7 @@ def report(rows: list[dict], machine: Machine, cpu: str, runs: int) -> str:
         if "openvino" in peers:
             wide = r.get("openvino_wide")
             cells.append("—" if wide is None else f"{100 * wide:.0f}%")
+        cells.append(f"{100 * r['free']:.0f}%")
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
     for t in sorted({r["threads"] for r in rows}):
