@@ -129,15 +129,16 @@ def choose_packing(stmt: PolyStatement, scop: Scop, u_index: str | None, v_index
 
 def band_packings(stmt: PolyStatement, scop: Scop, u_index: str, v_index: str, mr: int, nr: int, tile_v: int | None,
                   reuse: int, loops: list, force: bool, constants: frozenset, vector_operand: bool = True,
-                  columns: int = 0) -> list:
+                  slivers: Packing | None = None) -> list:
     """Step 6 for a register tile ``mr x nr`` over ``(u_index, v_index)`` under loops running ``loops``
     (outermost first): the vector operand's packing (:func:`choose_packing`, unless ``vector_operand`` is
-    False: the caller packs it transposed) and the broadcast operand's (:func:`choose_row_packing`), each
-    laid out in loop order (:func:`packed_order`); ``columns`` is the number of register tiles along ``v_index``."""
+    False: the caller packs it transposed) and ``slivers``, the broadcast operand's (the caller's
+    :func:`choose_row_packing`: the cache tiles depend on it), each laid out in loop order
+    (:func:`packed_order`)."""
     found = []
     if vector_operand and stmt.reduction_indices:
         found.append(choose_packing(stmt, scop, u_index, v_index, nr, tile_v, reuse, force, constants))
-    found.append(choose_row_packing(stmt, scop, u_index, v_index, mr, constants, columns))
+    found.append(slivers)
     return [dataclasses.replace(p, order=packed_order(p.read, loops, p.position)) for p in found if p is not None]
 
 

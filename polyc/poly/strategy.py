@@ -364,9 +364,8 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
             lo, hi = scop.ranges.get((stmt.name, index), (0, 1))
             depth *= max(1, hi - lo)
     reduction_indices = [member_index(node, k, stmt) for k in R]
-    columns = -(-extents[v] // nr) if v is not None else 0  # register tiles along v
     slivers = choose_row_packing(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt), mr,
-                                 constants, columns) \
+                                 constants, -(-extents[v] // nr)) \
         if u is not None and v is not None and options.promote is not False else None
     step_bytes = micro_step_bytes(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt),
                                   reduction_indices[0], mr, nr, slivers.read if slivers else None) \
@@ -395,7 +394,7 @@ def optimize_band(node: isl.ScheduleNode, scop: Scop, deps: isl.UnionMap, target
         packs += band_packings(stmt, scop, member_index(node, u, stmt), member_index(node, v, stmt), mr, nr,
                                tiles[order.index(v)] if options.tile else None, -(-rows // mr), loops,
                                options.promote is True, constants, vector_operand=transposed is None,
-                               columns=columns)
+                               slivers=slivers)
     node = band_permute(node, order)
     band_path = path_of(node)
     if options.tile and not single_tile(node, tiles, scop.hint):
