@@ -5,7 +5,7 @@ import pytest
 
 import polyc
 from polyc.errors import RangeError, ShapeError
-from kernels import source as load_source
+from polyc.kernels import source as load_source
 
 NAIVE = polyc.Options.naive()
 
@@ -145,7 +145,7 @@ def test_disk_cache_reload(tmp_path, monkeypatch):
 
 
 def _families():
-    from kernels import names
+    from polyc.kernels import names
     return names()
 
 
