@@ -288,18 +288,19 @@ def cmd_tune(args) -> int:
         raise PolycError("polyc tune needs a .tc file or an .onnx model (or --show)")
     if args.file.endswith(".onnx"):
         from .onnx.api import compile_program
+        from .onnx.steps import constant_params
         program = compile_program(args.file, Options(threads=args.threads) if args.threads else None)
-        work = {}
+        work = {}  # each distinct kernel, with the weights it takes as constants, as the model runs it
         for step in program.steps:
-            work.setdefault((step.kernel.source, step.kernel.name, step.sizes), step)
-        kernels = [(source, name, dict(sizes)) for source, name, sizes in work]
+            work.setdefault((step.kernel.source, step.kernel.name, step.sizes, constant_params(program, step)), step)
+        kernels = [(source, name, dict(sizes), constants) for source, name, sizes, constants in work]
         print(f"polyc: tuning {len(kernels)} distinct kernels of {args.file}, {args.budget:g} s each",
               file=sys.stderr)
     else:
-        kernels = [(read_source(args.file), args.def_name, parse_sizes(args.sizes))]
-    for source, name, sizes in kernels:
+        kernels = [(read_source(args.file), args.def_name, parse_sizes(args.sizes), frozenset())]
+    for source, name, sizes, constants in kernels:
         result = tune.tune(source, sizes, name, budget=args.budget, trials=args.trials, strategy=args.strategy,
-                           ray=args.ray, threads=args.threads)
+                           ray=args.ray, threads=args.threads, constants=constants)
         print(f"{result.name} {','.join(f'{k}={v}' for k, v in result.sizes.items())}: default "
               f"{result.default_seconds * 1e3:.3f} ms, best {result.best_seconds * 1e3:.3f} ms "
               f"({result.gain:.2f}x) [{result.best_spec or 'default'}] after {len(result.records)} measurements")

@@ -136,6 +136,26 @@ class Compiled:
             reads = checked_reads(build_scop(self.kernel.checked, self.sizes)) if status == 1 else ()
             raise status_error(f"kernel '{self.name}'", status, reads)
 
+    def _checked_inputs(self, args) -> list[np.ndarray]:
+        """``args`` coerced to the inputs' dtypes; ShapeError naming an argument of another shape."""
+        arrays = self.kernel._coerce_inputs(args)
+        for a, t in zip(arrays, self.inputs):
+            if a.shape != t.shape:
+                raise ShapeError(f"argument '{t.name}': this kernel was compiled for shape {list(t.shape)}, "
+                                 f"got {list(a.shape)}", hint="call the Kernel, which compiles per shape")
+        return arrays
+
+    def arguments(self, *args) -> list[np.ndarray]:
+        """The arrays :meth:`run_pointers` takes for inputs ``args`` (as for :meth:`__call__`): the inputs
+        coerced, those compiled as constants packed (:attr:`constants`), then fresh outputs and zeroed
+        temporaries; pass ``[a.ctypes.data for a in arrays]`` and keep the arrays alive meanwhile. For calling
+        a kernel repeatedly on the same inputs without packing them each time (timing it as a model's executor
+        runs it). Raises ShapeError as :meth:`__call__`."""
+        arrays = self._checked_inputs(args)
+        check_memory(self.name, self.outputs + self.temps)
+        packed = [packed_array(a, t.packed, t.packed_order) if t.packed else a for a, t in zip(arrays, self.inputs)]
+        return packed + [_zeros(t) for t in self.outputs] + [_zeros(t) for t in self.temps]
+
     def __call__(self, *args, out=None):
         """Run on ``args`` (numpy arrays of the shapes and dtypes this kernel was compiled for; 0-d inputs
         also take Python scalars). Returns the output, or a tuple in the ``-> (...)`` order; with ``out=``
@@ -145,11 +165,7 @@ class Compiled:
         ``out=`` arrays that overlap each other, or outputs and temporaries too large for this machine's
         memory; KernelRuntimeError when the kernel detects a fault (a gather index out of range).
         """
-        arrays = self.kernel._coerce_inputs(args)
-        for a, t in zip(arrays, self.inputs):
-            if a.shape != t.shape:
-                raise ShapeError(f"argument '{t.name}': this kernel was compiled for shape {list(t.shape)}, "
-                                 f"got {list(a.shape)}", hint="call the Kernel, which compiles per shape")
+        arrays = self._checked_inputs(args)
         check_memory(self.name, (self.outputs if out is None else ()) + self.temps)
         outs = _prepare_outputs(self.outputs, out)
         targets = list(outs)
@@ -356,7 +372,7 @@ class Kernel:
         """:meth:`specialize_sizes` after a miss in memory: the disk cache or the pipeline."""
         options = resolve_options(options, self.target)
         if self.records:
-            options = tuned_options(self.source, self.name, sizes, self.target, options)
+            options = tuned_options(self.source, self.name, sizes, self.target, options, constants)
         disk_key = cache.make_key(self.source, self.name, sorted(sizes.items()), options.to_spec(),
                                   sorted(constants), self.target.key())
         t = time.perf_counter()
@@ -562,14 +578,15 @@ class GenericCompiled:
         return shapes
 
 
-def tuned_options(source: str, name: str, sizes: dict, target, options: Options) -> Options:
+def tuned_options(source: str, name: str, sizes: dict, target, options: Options,
+                  constants: frozenset = frozenset()) -> Options:
     """``options``, or, when they are the defaults (any thread count), the options of the best tuning record
-    of the def ``name`` of ``source`` at ``sizes`` for ``target`` and that thread count
-    (:func:`polyc.runtime.records.best`: only a record that beat the default, made by this polyc version on
-    this target). ``POLYC_TUNING_RECORDS=off`` turns records off."""
+    of the def ``name`` of ``source`` at ``sizes`` for ``target``, that thread count and the inputs taken as
+    ``constants`` (:func:`polyc.runtime.records.best`: only a record that beat the default, made by this polyc
+    version on this target). ``POLYC_TUNING_RECORDS=off`` turns records off."""
     if options.replace(threads=None) != Options():
         return options
-    found = records.best(records.record_key(source, name, sizes, target, options.threads))
+    found = records.best(records.record_key(source, name, sizes, target, options.threads, constants))
     if found is None:
         return options
     try:

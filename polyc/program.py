@@ -215,15 +215,15 @@ def program_objects(name: str, kernels, calls, n_slots: int, options: Options, o
     point is a module of its own calling the kernels' symbols."""
     target = host_target()
     options = resolve_options(options, target)
-    chosen = [tuned_options(k.source, k.name, sizes, target, options) if k.records else options
-              for k, sizes in kernels]  # a kernel's tuning record, where it has one
+    constant_inputs = [_constant_inputs(k, index, calls, constant_slots) for index, (k, _) in enumerate(kernels)]
+    chosen = [tuned_options(k.source, k.name, sizes, target, options, constants) if k.records else options
+              for (k, sizes), constants in zip(kernels, constant_inputs)]  # a kernel's tuning record, if any
     described = [(k.source, k.name, sorted(sizes.items()), o.to_spec()) for (k, sizes), o in zip(kernels, chosen)]
     layout = [(c.kernel, c.args) for c in calls]
     key = cache.make_key("program", name, described, layout, n_slots, sorted(constant_slots),
                          options.to_spec(), target.key(), shared)
     jobs = []
-    for index, ((k, sizes), opts) in enumerate(zip(kernels, chosen)):
-        constants = _constant_inputs(k, index, calls, constant_slots)
+    for (k, sizes), opts, constants in zip(kernels, chosen, constant_inputs):
         job_key = cache.make_key("kernel object", k.source, k.name, sorted(sizes.items()), sorted(constants),
                                  opts.to_spec(), target.key(), shared)
         jobs.append((job_key, KernelJob(k.source, k.name, tuple(sorted(sizes.items())), constants, opts, target,

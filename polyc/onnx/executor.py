@@ -18,7 +18,7 @@ from .. import env
 from ..errors import PolycError
 from ..kernel import packed_array
 from .native import NativeExecutor
-from .steps import ArenaPool, Program, new_arena, scratch_name
+from .steps import ArenaPool, Program, constant_params, new_arena, scratch_name
 
 
 class PythonExecutor:
@@ -46,9 +46,8 @@ class PythonExecutor:
         self.compiled, self.packed, packed_by = {}, {}, {}
         for step in steps:
             t = time.perf_counter()
-            params = [p.name for p in step.kernel.checked.inputs]
             roots = [program.plan.root(name) for name in step.inputs]
-            constants = frozenset(p for p, root in zip(params, roots) if root in self.constants)
+            constants = constant_params(program, step)
             compiled = self.compiled[step.group] = \
                 step.compile(constants) if compile_step is None else compile_step(step, constants)
             for j, (spec, root) in enumerate(zip(compiled.inputs, roots)):

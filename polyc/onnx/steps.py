@@ -63,6 +63,13 @@ class Program:
     outputs: tuple
 
 
+def constant_params(program: Program, step) -> frozenset:
+    """Names of the parameters of ``step``'s kernel whose tensors are constants of ``program`` (its weights,
+    which the executors hand the kernel packed once where the strategy packs them)."""
+    params = [p.name for p in step.kernel.checked.inputs]
+    return frozenset(p for p, name in zip(params, step.inputs) if program.plan.root(name) in program.constants)
+
+
 class ArenaPool:
     """Workspaces (an arena and whatever an executor derives from it) for concurrent runs.
 

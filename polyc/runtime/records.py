@@ -7,10 +7,13 @@ The file is ``POLYC_TUNING_RECORDS`` (a path; ``off`` stops both writing and app
      "sizes": {"M": 64, ...}, "target": <Target.key()>, "cpu": <LLVM CPU>, "version": <polyc>,
      "threads": 2, "options": <Options.to_spec() without threads>, "seconds": [..], "median": 0.00123,
      "default": false, "ok": true, "error": "", "strategy": "evolution", "time": <unix seconds>,
-     "final": true}   # "final": a measurement of the confirmation that ends a search
+     "final": true,   # "final": a measurement of the confirmation that ends a search
+     "constants": ["W"]}   # the inputs taken as constants (packed once), [] when none
 
 The key covers the canonical kernel text (the def as written, dtypes included), the sizes, the target (CPU
-name, features, vector width, registers, caches, cores), the thread count and polyc's version: a record from
+name, features, vector width, registers, caches, cores), the thread count, the inputs taken as constants (a
+model's kernels take their weights packed once: other code than the same def with every input fed) and
+polyc's version: a record from
 another machine, CPU override or polyc version never matches, so it is never applied silently
 (:func:`best`). ``Options.from_spec(record["options"])`` replays a record by hand. Appends are one ``write``
 of a whole line on a file opened for appending (atomic for lines under the pipe buffer size on Linux): two
@@ -49,10 +52,13 @@ def polyc_version() -> str:
         return "unknown"
 
 
-def record_key(source: str, name: str, sizes: dict, target, threads: int) -> str:
-    """The key of a kernel's records (see the module docstring)."""
-    text = json.dumps([source, name, sorted((k, int(v)) for k, v in sizes.items()), target.key(), int(threads),
-                       polyc_version()])
+def record_key(source: str, name: str, sizes: dict, target, threads: int, constants=()) -> str:
+    """The key of a kernel's records (see the module docstring); ``constants``: the inputs the kernel takes as
+    constants (a model's weights, packed once: :meth:`polyc.kernel.Kernel.specialize_sizes`), which change
+    the code it runs."""
+    fields = [source, name, sorted((k, int(v)) for k, v in sizes.items()), target.key(), int(threads),
+              polyc_version()]
+    text = json.dumps(fields + ([sorted(constants)] if constants else []))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

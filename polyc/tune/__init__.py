@@ -71,12 +71,14 @@ class TuneResult:
 
 def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0, trials: int | None = None,
          strategy: str = "evolution", ray: str | None = None, threads: int | None = None, seed: int = 0,
-         processes: int | None = None, write: bool = True) -> TuneResult:
+         processes: int | None = None, write: bool = True, constants=()) -> TuneResult:
     """Tune the def ``name`` of ``source`` at ``sizes`` for ``budget`` seconds (wall clock) or ``trials``
     candidates, whichever ends first; ``strategy`` ``"evolution"``, ``"model"`` or ``"random"``; ``ray``: a Ray
     address to measure on (None: locally); ``threads``: the thread count the kernel runs with (default as
     :func:`polyc.define`); ``processes``: compile workers for local measurement (default the usable cores);
-    ``write``: append the records to the records file. Raises PolycError for an unknown strategy, a def that
+    ``write``: append the records to the records file; ``constants``: the inputs the kernel takes as constants
+    where it runs (a model's weights: compiled to take them packed, packed once before timing, and the records
+    keyed by them, :func:`polyc.runtime.records.record_key`). Raises PolycError for an unknown strategy, a def that
     does not compile with the default options, or Ray missing when asked for."""
     if strategy not in STRATEGIES:
         raise PolycError(f"unknown search strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
@@ -85,8 +87,9 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
     sizes = {n: int(sizes[n]) for n in kernel.checked.sizes}
     target = host_target()
     threads = resolve_options(kernel.options, target).threads
-    key = records.record_key(source, kernel.name, sizes, target, threads)
-    base = MeasureJob(source, kernel.name, tuple(sorted(sizes.items())), threads, "", seed)
+    constants = tuple(sorted(constants))
+    key = records.record_key(source, kernel.name, sizes, target, threads, constants)
+    base = MeasureJob(source, kernel.name, tuple(sorted(sizes.items())), threads, "", seed, constants)
     reference = outputs(base)  # raises for a def the default options cannot compile
     search = STRATEGIES[strategy](space(kernel, target), seed)
     measure = _ray_measurer(ray) if ray else _local_measurer(processes or target.cores)
@@ -98,11 +101,12 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
         proposals = search.propose(wanted, measured)
         if not proposals:
             break
-        jobs = [MeasureJob(source, kernel.name, base.sizes, threads, _spec(p), seed) for p in proposals]
+        jobs = [MeasureJob(source, kernel.name, base.sizes, threads, _spec(p), seed, constants) for p in proposals]
         for fields, job, outcome in zip(proposals, jobs, measure(jobs, reference)):
             measured.append((fields, outcome["median"] if outcome["ok"] else None))
             record = dict(key=key, source=source, name=kernel.name, sizes=sizes, target=target.key(),
-                          cpu=target.cpu, version=records.polyc_version(), threads=threads, options=job.spec,
+                          cpu=target.cpu, version=records.polyc_version(), threads=threads, constants=list(constants),
+                          options=job.spec,
                           default=job.spec == "", strategy=strategy, time=records.now(), **outcome)
             result.records.append(record)
             if write:
@@ -121,7 +125,8 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
     # the confirmation: the best and the default measured again, alternately (a search's best is also the
     # candidate whose one measurement was luckiest); only its records are ever applied (records.best)
     if result.best_spec:
-        pair = [MeasureJob(source, kernel.name, base.sizes, threads, spec, seed) for spec in ("", result.best_spec)]
+        pair = [MeasureJob(source, kernel.name, base.sizes, threads, spec, seed, constants)
+                for spec in ("", result.best_spec)]
         times = {"": [], result.best_spec: []}
         for _ in range(CONFIRM):
             for job, outcome in zip(pair, measure(pair, reference)):
@@ -130,7 +135,8 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
         medians = {spec: sorted(t)[len(t) // 2] if t else float("inf") for spec, t in times.items()}
         for spec, median in medians.items():
             record = dict(key=key, source=source, name=kernel.name, sizes=sizes, target=target.key(),
-                          cpu=target.cpu, version=records.polyc_version(), threads=threads, options=spec,
+                          cpu=target.cpu, version=records.polyc_version(), threads=threads, constants=list(constants),
+                          options=spec,
                           default=spec == "", strategy=strategy, time=records.now(), seconds=times[spec],
                           median=None if median == float("inf") else median, ok=median != float("inf"),
                           error="" if median != float("inf") else "failed in the confirmation", final=True)

@@ -1,14 +1,18 @@
 """One candidate of a tuning search: compiled, checked against the default's output, timed.
 
 A :class:`MeasureJob` is plain data (it crosses to a compile worker or a Ray task): the def, its sizes, the
-thread count, the candidate's options spec (without threads) and the input seed. :func:`compile_candidate`
+thread count, the candidate's options spec (without threads), the input seed and the inputs taken as
+constants (a model's weights: the kernel is compiled to take them packed, and they are packed once before
+the timing, as the model's executor does; timed otherwise, a candidate would be another program than the
+one the model runs). :func:`compile_candidate`
 only compiles (the object lands in the disk cache, where :func:`time_candidate` in another process finds
 it); :func:`time_candidate` compiles or loads, runs on seeded inputs, checks the result against the
 reference (the default options' output: allclose with rtol 1e-3 and atol 1e-4 of the reference's largest
 magnitude for floats, equality for integers and bools) and times it: :data:`WARMUP` calls, then calls until
 :data:`TIME_BUDGET` seconds or :data:`MAX_CALLS` (at least :data:`MIN_CALLS`); calls slower than the median
 by more than 3 median absolute deviations (a preempted call) are dropped, and the median of the rest is the
-candidate's time.
+candidate's time. The timing calls the kernel's native entry on arrays prepared once
+(:meth:`~polyc.kernel.Compiled.run_pointers`), as a model's executor does.
 """
 from __future__ import annotations
 
@@ -28,7 +32,8 @@ WARMUP, MIN_CALLS, MAX_CALLS, TIME_BUDGET = 2, 5, 50, 0.25
 @dataclass(frozen=True)
 class MeasureJob:
     """A candidate to measure: ``source``/``name`` (the def), ``sizes`` (sorted ``(size, extent)`` pairs),
-    ``threads``, ``spec`` (:meth:`Options.to_spec` without threads) and the inputs' ``seed``."""
+    ``threads``, ``spec`` (:meth:`Options.to_spec` without threads), the inputs' ``seed`` and ``constants``
+    (sorted names of the inputs taken as constants)."""
 
     source: str
     name: str
@@ -36,6 +41,7 @@ class MeasureJob:
     threads: int
     spec: str
     seed: int = 0
+    constants: tuple = ()
 
     def options(self) -> Options:
         return Options.from_spec(self.spec).replace(threads=self.threads)
@@ -65,7 +71,7 @@ def compile_candidate(job: MeasureJob) -> float:
     """Compile ``job``'s candidate (stored in the disk cache); returns the seconds it took. Raises what
     compiling raises."""
     started = time.perf_counter()
-    job.kernel().specialize_sizes(dict(job.sizes))
+    job.kernel().specialize_sizes(dict(job.sizes), constants=frozenset(job.constants))
     return time.perf_counter() - started
 
 
@@ -83,7 +89,7 @@ def outputs(job: MeasureJob) -> list[np.ndarray]:
     """The outputs of ``job``'s candidate on its seeded inputs (the reference, for the default)."""
     kernel = job.kernel()
     sizes = dict(job.sizes)
-    result = kernel.specialize_sizes(sizes)(*inputs_for(kernel, sizes, job.seed))
+    result = kernel.specialize_sizes(sizes, constants=frozenset(job.constants))(*inputs_for(kernel, sizes, job.seed))
     return list(result) if isinstance(result, tuple) else [result]
 
 
@@ -94,7 +100,7 @@ def time_candidate(job: MeasureJob, reference: list) -> dict:
     try:
         kernel = job.kernel()
         sizes = dict(job.sizes)
-        compiled = kernel.specialize_sizes(sizes)
+        compiled = kernel.specialize_sizes(sizes, constants=frozenset(job.constants))
         arrays = inputs_for(kernel, sizes, job.seed)
         result = compiled(*arrays)
         got = list(result) if isinstance(result, tuple) else [result]
@@ -103,13 +109,14 @@ def time_candidate(job: MeasureJob, reference: list) -> dict:
     for k, (mine, theirs) in enumerate(zip(got, reference)):
         if not _close(mine, theirs):
             return dict(seconds=[], median=None, ok=False, error=f"output {k} differs from the default's")
-    out = tuple(np.empty_like(g) for g in got)
+    held = compiled.arguments(*arrays)  # constants packed once, as a model's executor does
+    pointers = [a.ctypes.data for a in held]
     for _ in range(WARMUP):
-        compiled(*arrays, out=out)
+        compiled.run_pointers(pointers)
     seconds, spent = [], 0.0
     while len(seconds) < MIN_CALLS or (spent < TIME_BUDGET and len(seconds) < MAX_CALLS):
         t = time.perf_counter()
-        compiled(*arrays, out=out)
+        compiled.run_pointers(pointers)
         seconds.append(time.perf_counter() - t)
         spent += seconds[-1]
     median = statistics.median(seconds)

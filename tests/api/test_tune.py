@@ -113,6 +113,26 @@ def test_tuning_writes_records_that_replay_and_are_applied(record_file):
     np.testing.assert_allclose(polyc.define(MATMUL, options=Options(threads=1))(a, b), a @ b, rtol=1e-4, atol=1e-4)
 
 
+def test_a_kernel_with_constants_is_tuned_as_a_model_runs_it(record_file):
+    """With ``constants`` (a model's weights) every candidate is compiled to take them packed and timed on a
+    copy packed once, as the model's executor runs it; the records say so and are keyed by them, apart from
+    the same def's records with every input fed."""
+    result = tune.tune(MATMUL, SIZES, trials=3, threads=1, constants=("B",), processes=1)
+    lines = [json.loads(line) for line in record_file.read_text().splitlines()]
+    assert lines and all(r["constants"] == ["B"] for r in lines)
+    keyed = records.record_key(MATMUL, "mm", SIZES, host_target(), 1, ("B",))
+    assert {r["key"] for r in lines} == {keyed} != {records.record_key(MATMUL, "mm", SIZES, host_target(), 1)}
+    assert result.default_seconds > 0 and all(r["ok"] for r in result.records)
+    compiled = Kernel(MATMUL, options=Options(threads=1)).specialize_sizes(SIZES, constants=frozenset({"B"}))
+    assert compiled.inputs[1].packed  # the strategy packs the weights: the timed code reads the packed copy
+    a = np.random.default_rng(0).standard_normal((48, 37)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal((37, 64)).astype(np.float32)
+    held = compiled.arguments(a, b)
+    assert held[1].shape != b.shape and held[2].shape == (48, 64)
+    compiled.run_pointers([x.ctypes.data for x in held])
+    np.testing.assert_allclose(held[2], a @ b, rtol=1e-4, atol=1e-4)
+
+
 def test_a_winning_record_is_used_by_define_and_off_switches_it(record_file, monkeypatch):
     """A confirmed record that beat the default changes what define() compiles; POLYC_TUNING_RECORDS=off
     and a record of another polyc version do not."""
@@ -157,13 +177,16 @@ def test_the_ray_path_measures_on_a_local_cluster(record_file):
 
 def test_a_model_compiles_each_kernel_with_its_record(record_file, monkeypatch, tmp_path):
     """polyc.onnx.compile looks up every kernel's record: the kernel with a winning record is compiled with
-    its options, the others with the model's; the result still equals onnxruntime's."""
+    its options, the others with the model's; the record is the one of the kernel taking the model's weights as
+    constants (a record of the same def fed every input, other code, is not applied); the result still
+    equals onnxruntime's."""
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
     import polyc.onnx as ponnx
     import polyc.program as program_module
     from polyc.onnx.api import compile_program
+    from polyc.onnx.steps import constant_params
 
     w = np.random.default_rng(0).normal(0, 0.3, (8, 4, 3, 3)).astype(np.float32)
     graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"]),
@@ -173,12 +196,17 @@ def test_a_model_compiles_each_kernel_with_its_record(record_file, monkeypatch, 
                               [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     monkeypatch.setenv("POLYC_CACHE_DIR", str(tmp_path / "cache"))  # cold: every kernel is compiled
-    steps = compile_program(model, Options(threads=1)).steps
+    program = compile_program(model, Options(threads=1))
+    steps = program.steps
     assert len({s.kernel.source for s in steps}) == 2
     tuned = steps[0].kernel
-    key = records.record_key(tuned.source, tuned.name, dict(steps[0].sizes), host_target(), 1)
-    for spec, median in (("", 2e-3), ("unroll=0", 1e-3)):
-        records.append(dict(key=key, options=spec, default=spec == "", ok=True, final=True, median=median))
+    weights = constant_params(program, steps[0])
+    assert len(weights) == 1
+    key = records.record_key(tuned.source, tuned.name, dict(steps[0].sizes), host_target(), 1, weights)
+    fed = records.record_key(tuned.source, tuned.name, dict(steps[0].sizes), host_target(), 1)
+    for k, winner in ((key, "unroll=0"), (fed, "unroll=4")):
+        for spec, median in (("", 2e-3), (winner, 1e-3)):
+            records.append(dict(key=k, options=spec, default=spec == "", ok=True, final=True, median=median))
     used = {}
     real = program_module.compile_kernel_object
     monkeypatch.setattr(program_module, "compile_kernel_object",
