@@ -10,6 +10,8 @@ The file is ``POLYC_TUNING_RECORDS`` (a path; ``off`` stops both writing and app
      "final": true,   # "final": a measurement of the confirmation that ends a search
      "constants": ["W"]}   # the inputs taken as constants (packed once), [] when none
 
+and revocations, ``{"key": .., "revoked": true, "reason": .., "time": ..}`` (:func:`revoke`).
+
 The key covers the canonical kernel text (the def as written, dtypes included), the sizes, the target (CPU
 name, features, vector width, registers, caches, cores), the thread count, the inputs taken as constants (a
 model's kernels take their weights packed once: other code than the same def with every input fed) and
@@ -21,6 +23,7 @@ tuners may share a file.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -33,8 +36,26 @@ from .. import debug, env
 from .cache import cache_dir
 
 
+#: Nesting depth of :func:`disabled`.
+_DISABLED = [0]
+
+
+@contextlib.contextmanager
+def disabled():
+    """Within: records are off in this process, as with ``POLYC_TUNING_RECORDS=off`` (for compiling a model
+    with its default options beside the tuned ones). Not thread-safe."""
+    _DISABLED[0] += 1
+    try:
+        yield
+    finally:
+        _DISABLED[0] -= 1
+
+
 def records_path() -> Path | None:
-    """The records file, or None when records are off (``POLYC_TUNING_RECORDS=off``, or no cache directory)."""
+    """The records file, or None when records are off (``POLYC_TUNING_RECORDS=off``, :func:`disabled`, or no
+    cache directory)."""
+    if _DISABLED[0]:
+        return None
     configured = env.tuning_records()
     if configured:
         return None if configured.lower() in ("off", "0", "none") else Path(configured)
@@ -101,10 +122,19 @@ def read(path: Path | None = None) -> list[dict]:
 _READ: dict = {}
 
 
+def revoke(keys, reason: str, path: Path | None = None) -> None:
+    """Append a revocation for each key of ``keys``: :func:`best` then applies none of the records written
+    under it before (a model whose tuned kernels did not run it faster: ``polyc tune MODEL.onnx``'s model
+    check); ``reason`` says why. Records measured later count again."""
+    for key in keys:
+        append(dict(key=key, revoked=True, reason=reason, time=now()), path)
+
+
 def best(key: str, path: Path | None = None) -> dict | None:
     """The fastest correct *confirmed* record under ``key`` (``"final": true``: measured alternately with the
     default at the end of a search, :func:`polyc.tune.tune`), None when there is none or the default was the
-    fastest: a candidate that won one noisy measurement is never applied."""
+    fastest: a candidate that won one noisy measurement is never applied; nor is one written before a
+    revocation of its key (:func:`revoke`)."""
     path = path if path is not None else records_path()
     if path is None:
         return None
@@ -116,8 +146,14 @@ def best(key: str, path: Path | None = None) -> dict | None:
     cached = _READ.get(path)
     if cached is None or cached[0] != stamp:
         by_key: dict = {}
-        for record in read(path):
-            if record.get("ok") and record.get("final") and isinstance(record.get("median"), (int, float)):
+        records = read(path)
+        revoked = {}
+        for record in records:
+            if record.get("revoked"):
+                revoked[record.get("key")] = max(revoked.get(record.get("key"), 0), record.get("time", 0))
+        for record in records:
+            if record.get("ok") and record.get("final") and isinstance(record.get("median"), (int, float)) \
+                    and record.get("time", 0) > revoked.get(record.get("key"), -1):
                 by_key.setdefault(record.get("key"), []).append(record)
         cached = _READ[path] = (stamp, by_key)
     candidates = cached[1].get(key)

@@ -34,6 +34,7 @@ from ..kernel import Kernel
 from ..options import Options
 from ..pipeline import resolve_options
 from ..runtime import records
+from ..runtime.records import disabled as records_disabled, revoke  # noqa: F401  (for polyc.cli)
 from ..runtime.workers import run_jobs
 from ..target import host_target
 from .measure import MeasureJob, compile_or_error, outputs, time_candidate

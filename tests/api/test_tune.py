@@ -216,3 +216,52 @@ def test_a_model_compiles_each_kernel_with_its_record(record_file, monkeypatch, 
     x = np.random.default_rng(1).standard_normal((1, 4, 9, 9)).astype(np.float32)
     expected = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     np.testing.assert_allclose(compiled.run({"x": x})[0], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_revoked_record_is_not_applied_until_measured_again(record_file):
+    """records.revoke: the winner written before it is no longer applied; a confirmation written after it is."""
+    key = records.record_key(MATMUL, "mm", SIZES, host_target(), 1)
+    for spec, median in (("", 2e-3), ("unroll=0", 1e-3)):
+        records.append(dict(key=key, options=spec, default=spec == "", ok=True, final=True, median=median,
+                            time=records.now()))
+    assert records.best(key)["options"] == "unroll=0"
+    records.revoke([key], "a test")
+    assert records.best(key) is None
+    later = records.now() + 1
+    for spec, median in (("", 2e-3), ("unroll=4", 1e-3)):
+        records.append(dict(key=key, options=spec, default=spec == "", ok=True, final=True, median=median,
+                            time=later))
+    assert records.best(key)["options"] == "unroll=4"
+
+
+def test_the_model_check_revokes_records_that_do_not_speed_the_model_up(record_file, monkeypatch, tmp_path, capsys):
+    """polyc tune MODEL.onnx ends by running the model with its kernels' new records and with the defaults;
+    records that do not make the model faster (here: a ratio no model can reach) are revoked, and the model
+    compiles with its default options again."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import polyc.cli as cli
+    from polyc.onnx.api import compile_program
+    from polyc.onnx.steps import constant_params
+
+    w = np.random.default_rng(0).normal(0, 0.3, (8, 4, 3, 3)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 9, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 7, 7])],
+                              [numpy_helper.from_array(w, "w")])
+    path = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    program = compile_program(str(path), Options(threads=1))
+    step = program.steps[0]
+    key = records.record_key(step.kernel.source, step.kernel.name, dict(step.sizes), host_target(), 1,
+                             constant_params(program, step))
+    for spec, median in (("", 2e-3), ("unroll=0", 1e-3)):
+        records.append(dict(key=key, options=spec, default=spec == "", ok=True, final=True, median=median,
+                            time=records.now()))
+    assert records.best(key) is not None
+    monkeypatch.setattr(cli, "MODEL_CHECK_MAX_RATIO", 0.0)
+    monkeypatch.setattr(cli, "MODEL_CHECK_RUNS", 2)
+    cli._check_tuned_model(str(path), Options(threads=1), [key])
+    assert "records revoked" in capsys.readouterr().out
+    assert records.best(key) is None
