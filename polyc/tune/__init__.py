@@ -106,9 +106,9 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
         for fields, job, outcome in zip(proposals, jobs, measure(jobs, reference)):
             measured.append((fields, outcome["median"] if outcome["ok"] else None))
             record = dict(key=key, source=source, name=kernel.name, sizes=sizes, target=target.key(),
-                          cpu=target.cpu, version=records.polyc_version(), threads=threads, constants=list(constants),
-                          options=job.spec,
-                          default=job.spec == "", strategy=strategy, time=records.now(), **outcome)
+                          cpu=target.cpu, version=records.polyc_version(), threads=threads,
+                          constants=list(constants), options=job.spec, default=job.spec == "", strategy=strategy,
+                          time=records.now(), **outcome)
             result.records.append(record)
             if write:
                 records.append(record)
@@ -136,9 +136,9 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
         medians = {spec: sorted(t)[len(t) // 2] if t else float("inf") for spec, t in times.items()}
         for spec, median in medians.items():
             record = dict(key=key, source=source, name=kernel.name, sizes=sizes, target=target.key(),
-                          cpu=target.cpu, version=records.polyc_version(), threads=threads, constants=list(constants),
-                          options=spec,
-                          default=spec == "", strategy=strategy, time=records.now(), seconds=times[spec],
+                          cpu=target.cpu, version=records.polyc_version(), threads=threads,
+                          constants=list(constants), options=spec, default=spec == "", strategy=strategy,
+                          time=records.now(), seconds=times[spec],
                           median=None if median == float("inf") else median, ok=median != float("inf"),
                           error="" if median != float("inf") else "failed in the confirmation", final=True)
             result.records.append(record)

@@ -1,17 +1,16 @@
 """One candidate of a tuning search: compiled, checked against the default's output, timed.
 
 A :class:`MeasureJob` is plain data (it crosses to a compile worker or a Ray task): the def, its sizes, the
-thread count, the candidate's options spec (without threads), the input seed and the inputs taken as
-constants (a model's weights: the kernel is compiled to take them packed, and they are packed once before
-the timing, as the model's executor does; timed otherwise, a candidate would be another program than the
-one the model runs). :func:`compile_candidate`
-only compiles (the object lands in the disk cache, where :func:`time_candidate` in another process finds
-it); :func:`time_candidate` compiles or loads, runs on seeded inputs, checks the result against the
-reference (the default options' output: allclose with rtol 1e-3 and atol 1e-4 of the reference's largest
-magnitude for floats, equality for integers and bools) and times it: :data:`WARMUP` calls, then calls until
-:data:`TIME_BUDGET` seconds or :data:`MAX_CALLS` (at least :data:`MIN_CALLS`); calls slower than the median
-by more than 3 median absolute deviations (a preempted call) are dropped, and the median of the rest is the
-candidate's time. The timing calls the kernel's native entry on arrays prepared once
+thread count, the candidate's options spec (without threads), the input seed and the inputs taken as constants
+(a model's weights: the kernel is compiled to take them packed, and they are packed once before the timing, as
+the model's executor does; timed otherwise, a candidate would be another program than the one the model runs).
+:func:`compile_candidate` only compiles (the object lands in the disk cache, where :func:`time_candidate` in
+another process finds it); :func:`time_candidate` compiles or loads, runs on seeded inputs, checks the result
+against the reference (the default options' output: allclose with rtol 1e-3 and atol 1e-4 of the reference's
+largest magnitude for floats, equality for integers and bools) and times it: :data:`WARMUP` calls, then calls
+until :data:`TIME_BUDGET` seconds or :data:`MAX_CALLS` (at least :data:`MIN_CALLS`); calls slower than the
+median by more than 3 median absolute deviations (a preempted call) are dropped, and the median of the rest is
+the candidate's time. The timing calls the kernel's native entry on arrays prepared once
 (:meth:`~polyc.kernel.Compiled.run_pointers`), as a model's executor does.
 """
 from __future__ import annotations
