@@ -42,8 +42,9 @@ class Options:
       the kernel (:mod:`polyc.poly.promote`): ``None`` where the strategy finds it pays (long rows, reuse),
       ``True`` wherever the access allows it (for research and tests), ``False`` never.
     - ``prefetch``: software-prefetch the next block of a constant packed once (a convolution's filter block)
-      while the register tiles of the current one run (:mod:`polyc.codegen.prefetch`): ``None`` where the rule
-      there says it pays, ``True`` wherever the loops allow it, ``False`` never.
+      while the register tiles of the current one run, and the output lines an accumulation onto the output's
+      own values starts from, two register tiles ahead (:mod:`polyc.codegen.prefetch`): ``None`` where the
+      rules there say it pays, ``True`` wherever the loops allow it, ``False`` never.
     - ``opt_level``: LLVM optimization level 0-3.
     - ``generic``: compile one kernel for every size (:class:`polyc.kernel.GenericCompiled`): the sizes are
       isl parameters of the domains and access relations and arguments of the native code; every decision

@@ -97,3 +97,40 @@ def test_prefetching_kernels_give_the_same_bits(monkeypatch, cpu, c, hw, m, thre
     np.testing.assert_array_equal(results[None], results[False])
     want = np.einsum("chw,cm->hwm", x.astype(np.float64), w.astype(np.float64))
     np.testing.assert_allclose(results[True], want, rtol=1e-4, atol=1e-3)
+
+
+RESIDUAL = ("def res(float(P,C) X, float(C,M) Wt, float(M) B) -> (Y) {\n"
+            "    Y(p, m) += X(p, c) * Wt(c, m)\n"
+            "    Y(p, m) = max(Y(p, m) + B(m), 0.0)\n}")
+
+
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_accumulation_onto_its_output_prefetches_the_lines_it_starts_from(monkeypatch, cpu, threads):
+    """A 1x1 convolution over flattened pixels that accumulates onto its output (a residual folded in: ``+=``
+    without ``!``) prefetches for writing, from its epilogue, the output lines two register tiles ahead; the
+    same convolution from zero (``+=!``) does not, nor does any kernel with ``prefetch=False``. Results are
+    bit for bit those without the prefetch, and numpy's within float32 rounding (the last tiles' prefetches
+    point past the output)."""
+    monkeypatch.setenv("POLYC_CPU", cpu)
+    monkeypatch.setenv("POLYC_CACHE_DIR", "off")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((196, 64)).astype(np.float32)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    bias = rng.standard_normal(96).astype(np.float32)
+    shortcut = rng.standard_normal((196, 96)).astype(np.float32)
+    results, writes = {}, {}
+    for prefetch in (None, False):
+        kernel = polyc.define(RESIDUAL, options=Options(threads=threads, prefetch=prefetch))
+        compiled = kernel.specialize_sizes({"P": 196, "C": 64, "M": 96}, constants=frozenset({"Wt", "B"}))
+        writes[prefetch] = compiled.stage("llvm").count("i32 1, i32 3, i32 1)")  # rw = write, locality = L1
+        held = compiled.arguments(x, w, bias)
+        held[3][...] = shortcut
+        compiled.run_pointers([a.ctypes.data for a in held])
+        results[prefetch] = held[3].copy()
+    assert writes[None] > 0 and writes[False] == 0
+    np.testing.assert_array_equal(results[None], results[False])
+    want = np.maximum(shortcut + x.astype(np.float64) @ w.astype(np.float64) + bias, 0)
+    np.testing.assert_allclose(results[None], want, rtol=1e-4, atol=1e-3)
+    fresh = polyc.define(RESIDUAL.replace("+= X", "+=! X"), options=Options(threads=threads))
+    assert fresh.specialize_sizes({"P": 196, "C": 64, "M": 96}).stage("llvm").count("i32 1, i32 3, i32 1)") == 0
