@@ -142,15 +142,7 @@ def emit_prefetches(k: KernelEmitter, r: Region, user: isl.AstNode, offset: int 
             continue
         if k.options.prefetch is None and not pays(k.target, rows, elements * size):
             continue
-        ids = dict(r.ids)
-        ids[loop.name] = b.add(ids[loop.name], ir.Constant(I64, loop.step))
-        indices = {i: emit_isl_expr(ids, e, b) for i, e in args.items()}
-        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, **k.env_args(r))
-        flat = X.access_offset(env, read, b)
-        # not inbounds: after the last block the address is past the buffer (a prefetch does not fault)
-        pointer = b.gep(r.tensors[read.tensor], [flat], source_etype=X.memory_type(tensor.dtype))
-        prefetch = declare(k.module, "llvm.prefetch.p0", ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
-        b.call(prefetch, [pointer, ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])  # read, L2
+        _prefetch_ahead(k, r, read, args, loop, 1, False, b)  # read, to L2
 
 
 
@@ -180,13 +172,22 @@ def _prefetch_accumulator(k: KernelEmitter, r: Region, stmt, args: dict, offset:
                      and any(uses_id(args[i], lp.name) for i in used if i in args)), None)
         if loop is None:
             return
-        ids = dict(r.ids)
-        ids[loop.name] = b.add(ids[loop.name], ir.Constant(I64, ACCUMULATOR_AHEAD * loop.step))
-        indices = {i: emit_isl_expr(ids, e, b) for i, e in args.items()}
-        env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, **k.env_args(r))
-        flat = X.access_offset(env, read, b)
-        # not inbounds: past the last iteration the address is past the tile or the buffer (no fault)
-        pointer = b.gep(r.tensors[read.tensor], [flat], source_etype=X.memory_type(tensor.dtype))
-        prefetch = declare(k.module, "llvm.prefetch.p0", ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
-        b.call(prefetch, [pointer, ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)])  # write, L1
+        _prefetch_ahead(k, r, read, args, loop, ACCUMULATOR_AHEAD, True, b)  # write, to L1
         return
+
+
+def _prefetch_ahead(k: KernelEmitter, r: Region, read: L.Access, args: dict, loop, ahead: int, write: bool,
+                    b: ir.IRBuilder) -> None:
+    """``llvm.prefetch`` of the element ``read`` reads (the statement's indices the isl AST expressions
+    ``args``) ``ahead`` iterations of ``loop`` later: for writing into L1 (``prefetchw``) with ``write``, else
+    for reading into L2 (``prefetcht1``)."""
+    tensor = k.scop.tensor(read.tensor)
+    ids = dict(r.ids)
+    ids[loop.name] = b.add(ids[loop.name], ir.Constant(I64, ahead * loop.step))
+    indices = {i: emit_isl_expr(ids, e, b) for i, e in args.items()}
+    env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, **k.env_args(r))
+    flat = X.access_offset(env, read, b)
+    # not inbounds: past the last iteration the address is past the tile or the buffer (a prefetch does not fault)
+    pointer = b.gep(r.tensors[read.tensor], [flat], source_etype=X.memory_type(tensor.dtype))
+    prefetch = declare(k.module, "llvm.prefetch.p0", ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
+    b.call(prefetch, [pointer, ir.Constant(I32, int(write)), ir.Constant(I32, 3 if write else 2), ir.Constant(I32, 1)])
