@@ -145,6 +145,10 @@ class Compiled:
                                  f"got {list(a.shape)}", hint="call the Kernel, which compiles per shape")
         return arrays
 
+    def _packed(self, arrays) -> list[np.ndarray]:
+        """``arrays`` (the inputs), those this kernel takes packed copied into their packed layout."""
+        return [packed_array(a, t.packed, t.packed_order) if t.packed else a for a, t in zip(arrays, self.inputs)]
+
     def arguments(self, *args) -> list[np.ndarray]:
         """The arrays :meth:`run_pointers` takes for inputs ``args`` (as for :meth:`__call__`): the inputs
         coerced, those compiled as constants packed (:attr:`constants`), then fresh outputs and zeroed
@@ -153,7 +157,7 @@ class Compiled:
         runs it). Raises ShapeError as :meth:`__call__`."""
         arrays = self._checked_inputs(args)
         check_memory(self.name, self.outputs + self.temps)
-        packed = [packed_array(a, t.packed, t.packed_order) if t.packed else a for a, t in zip(arrays, self.inputs)]
+        packed = self._packed(arrays)
         return packed + [_zeros(t) for t in self.outputs] + [_zeros(t) for t in self.temps]
 
     def __call__(self, *args, out=None):
@@ -174,7 +178,7 @@ class Compiled:
                 if any(np.may_share_memory(o, a) for a in arrays):
                     targets[k] = o.copy()
         temps = [_zeros(t) for t in self.temps]
-        arrays = [packed_array(a, t.packed, t.packed_order) if t.packed else a for a, t in zip(arrays, self.inputs)]
+        arrays = self._packed(arrays)
         pointers = ([a.ctypes.data for a in arrays] + [o.ctypes.data for o in targets]
                     + [t.ctypes.data for t in temps])
         self.run_pointers(pointers)
