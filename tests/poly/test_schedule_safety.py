@@ -403,9 +403,9 @@ def test_register_tile_rows_fit_the_partial_tile_in_half_the_registers():
     assert tiling.register_tile_sizes(options, 8, 16, width=7) == (2, 16)     # 4 + 2 + 1
     assert tiling.register_tile_sizes(options, 8, 16, width=55) == (5, 16)    # full tiles first
     assert tiling.register_tile_sizes(polyc.Options(register_tile_sizes=(3,)), 16, 32, width=28) == (3, 32)
-    # one reduction loop (GEMM, a 1x1 convolution): 1.5 x FMA_IN_FLIGHT accumulators where the registers allow
+    # one reduction loop (GEMM, a 1x1 convolution): 3 x FMA_IN_FLIGHT accumulators where the registers allow
     assert tiling.register_tile_sizes(options, 8, 16, reductions=1) == (6, 16)                # AVX2: 12
-    assert tiling.register_tile_sizes(options, 16, 32, reductions=1) == (8, 32)               # AVX-512: as is
+    assert tiling.register_tile_sizes(options, 16, 32, reductions=1) == (12, 32)              # AVX-512: 24
     assert tiling.register_tile_sizes(options, 8, 16, width=7, reductions=1) == (4, 16)       # 3 pieces
     # the rows spread evenly over the tiles of a row member of ``height`` rows: no tile of a row or two
     for lanes, height, reductions, rows in ((8, 7, 1, 4), (8, 14, 1, 5), (8, 13, 1, 5), (8, 56, 1, 6),
@@ -449,14 +449,15 @@ def test_few_rows_take_three_vectors_of_columns_where_two_leave_the_fma_pipes_id
 def test_fewer_rows_where_they_divide_the_row_member_much_better(monkeypatch, cpu):
     """AVX2's 6-row tile of a one-reduction statement leaves one row of 55 in a tile of its own (9 x 6 + 1:
     the last tile waits on the FMA latency); 5 rows (11 x 5, 10 accumulators) fill the FMA pipes more than
-    ROWS_MIN_GAIN better and are taken. Heights the 6 rows divide well enough keep them, as does every
-    height with AVX-512's 8 rows here and 3x3 convolutions' 5 (4 rows would leave no accumulator of slack).
+    ROWS_MIN_GAIN better and are taken. Heights the 6 rows divide well enough keep them, as do AVX-512's 3x3
+    convolutions (8 rows) and AVX2's (5: 4 rows would leave no accumulator of slack); AVX-512's 12 rows of a
+    one-reduction statement spread over 55 as 5 tiles of 11.
     A 1x1 convolution of 55x55 pixels channels-last matches numpy, on one and two threads."""
     assert tiling._fma_efficiency(5, 2, 55) == 1.0 and tiling._fma_efficiency(6, 2, 55) == 55 / 58
     options = polyc.Options()
     for lanes, regs, height, reductions, want in (
             (8, 16, 55, 1, (5, 16)), (8, 16, 56, 1, (6, 16)), (8, 16, 500, 1, (6, 16)), (8, 16, 55, 3, (5, 16)),
-            (8, 16, 56, 3, (5, 16)), (16, 32, 55, 1, (8, 32)), (16, 32, 55, 3, (8, 32))):
+            (8, 16, 56, 3, (5, 16)), (16, 32, 55, 1, (11, 32)), (16, 32, 55, 3, (8, 32))):
         got = tiling.register_tile_sizes(options, lanes, regs, reductions=reductions, height=height)
         assert got == want, (lanes, height, reductions, got)
     if cpu is not None:
