@@ -27,6 +27,10 @@ one run, and re-run when the load average (printed) is above a few tenths. The `
 much of the machine the row had: the FMA loop's rate at the row's thread count just before and just after its
 timing rounds (the lower), over the rate measured at the start. A row well below 100% ran while other work
 held a core (on a small VM, another guest): its latencies, and at 2 threads its ratios, are not the code's.
+The ``memory free`` column does the same for the memory system (a 64 MiB copy's rate before and after the
+row's timing, the lower, over the rate at the start): a guest streaming memory leaves the FMA loop at full
+speed but slows every engine's cold weights, by different amounts (seen on an Intel host: ResNet-50 at
+62 ms in one minute and 84 ms in another with the FMA loop at 100%).
 """
 from __future__ import annotations
 
@@ -188,10 +192,19 @@ class Machine:
         self.fma = fma = FmaPeak()
         self.isa = fma.isa
         self.peak = {t: g * 1e9 for t, g in fma.measure("float32", thread_counts, 5, 0.1).items()}
-        a = np.ones(16 << 20, np.float32)
-        b = np.empty_like(a)
-        best = min(_seconds(lambda: np.copyto(b, a)) for _ in range(7))
-        self.bandwidth = 2 * a.nbytes / best
+        self._copy = (np.ones(16 << 20, np.float32), np.empty(16 << 20, np.float32))
+        self.bandwidth = self._copy_rate(7)
+
+    def _copy_rate(self, repeat: int) -> float:
+        """Bytes/s of the best of ``repeat`` numpy copies of 64 MiB (read + write)."""
+        a, b = self._copy
+        return 2 * a.nbytes / min(_seconds(lambda: np.copyto(b, a)) for _ in range(repeat))
+
+    def memory_available(self) -> float:
+        """The copy's rate now over the rate measured at the start: below 1.0 while other work (on a VM,
+        another guest) holds the memory system -- which the FMA loop of :meth:`available` does not see,
+        and which slows a model's cold weights and activations."""
+        return self._copy_rate(3) / self.bandwidth
 
     def available(self, threads: int) -> float:
         """The FMA loop's rate at ``threads`` threads now over the peak measured at the start (about 1.0 on
@@ -261,15 +274,15 @@ def bench_model(name: str, thread_counts, runs: int, slowest: int, machine: Mach
                     for kind in [k for k, e in engines.items() if e.error]:
                         print(f"  {kind} left out: {engines.pop(kind).error}", file=sys.stderr)
                     error = relative_error(engines["polyc"].output(), engines["onnxruntime"].output())
-                    free = machine.available(threads)
+                    free, memory = machine.available(threads), machine.memory_available()
                     medians = timed_in_turn(engines, runs)
-                    free = min(free, machine.available(threads))
+                    free, memory = min(free, machine.available(threads)), min(memory, machine.memory_available())
                     wide = engines["openvino"].wide_share() if "openvino" in engines else None
                 finally:
                     for e in engines.values():
                         e.close()
                 rows.append(dict(model=name, threads=threads, cold=cold, warm=warm, kernels=len(model.compile_seconds),
-                                 arena=model.arena_bytes, error=error, free=free,
+                                 arena=model.arena_bytes, error=error, free=free, memory=memory,
                                  ms={k: v * 1e3 for k, v in medians.items()}, openvino_wide=wide,
                                  slowest=where_time_goes(model, feeds, machine, threads, slowest)))
         finally:
@@ -291,9 +304,9 @@ def report(rows: list[dict], machine: Machine, cpu: str, runs: int) -> str:
            f"each engine in its own process, in turn; load average {os.getloadavg()[0]:.2f}", ""]
     head = "| model | threads | cold s | warm s | kernels | arena MiB | polyc ms | " + \
         " | ".join(f"{p} ms | ratio {p}/polyc" for p in peers) + " | max rel. error |" + \
-        (" OpenVINO time beyond AVX2 |" if "openvino" in peers else "") + " FMA free |"
+        (" OpenVINO time beyond AVX2 |" if "openvino" in peers else "") + " FMA free | memory free |"
     out += [head, "| --- | ---: " + "| ---: " * (5 + 2 * len(peers)) + "| ---: |"
-            + (" ---: |" if "openvino" in peers else "") + " ---: |"]
+            + (" ---: |" if "openvino" in peers else "") + " ---: | ---: |"]
     for r in rows:
         cells = [r["model"], str(r["threads"]), f"{r['cold']:.1f}", f"{r['warm']:.2f}", str(r["kernels"]),
                  f"{r['arena'] / 2**20:.1f}", f"{r['ms']['polyc']:.2f}"]
@@ -304,7 +317,7 @@ def report(rows: list[dict], machine: Machine, cpu: str, runs: int) -> str:
         if "openvino" in peers:
             wide = r.get("openvino_wide")
             cells.append("—" if wide is None else f"{100 * wide:.0f}%")
-        cells.append(f"{100 * r['free']:.0f}%")
+        cells += [f"{100 * r['free']:.0f}%", f"{100 * r['memory']:.0f}%"]
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
     for t in sorted({r["threads"] for r in rows}):

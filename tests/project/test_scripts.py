@@ -186,6 +186,7 @@ def test_bench_models_prints_ratios_and_where_time_goes():
         assert number(r["polyc ms"]) > 0 and number(r["ratio onnxruntime/polyc"]) > 0
         assert number(r["max rel. error"]) < 1e-4  # polyc's output matches onnxruntime's
         assert 0 < number(r["FMA free"].rstrip("%")) < 1000  # the machine's share the row had, in percent
+        assert 0 < number(r["memory free"].rstrip("%")) < 1000
     assert "1 thread: geometric mean of onnxruntime/polyc" in result.stdout
     assert result.stdout.count("slowest kernels") == 2
     assert "% of roofline" in result.stdout
