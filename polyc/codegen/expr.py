@@ -45,9 +45,9 @@ from ..lang import ast as L
 from ..poly.affine import children, index_names
 from ..poly.scop import Scop
 from . import mathlib, storage
-from .irbase import (FLOAT, I1, I32, I64, I8, MAX_IR_NAME, PTR, STORAGE, UNSIGNED, _BITS, _CONTRACT, _elem,
-                     _with_elem, const, declare, element_bytes, freeze, intrinsic, ir_name, llvm_type, memory_type,
-                     scalar_type, splat)
+from .irbase import (FLOAT, I1, I32, I64, I8, MAX_IR_NAME, PTR, STORAGE, UNSIGNED, _BITS, _CONTRACT, Builder,
+                     _elem, _with_elem, const, declare, element_bytes, freeze, int_value, intrinsic, ir_name, llvm_type,
+                     memory_type, scalar_type, splat)
 
 @dataclass
 class Env:

@@ -84,9 +84,9 @@ def emit_kernel(module: ir.Module, scop: Scop, ast: isl.AstNode | None, target: 
     region.ids.update(zip(params, values))
     start = _bind_extents(kernel, region) if scop.params else region.start
     end = emit_node(kernel, region, ast, start) if ast is not None else start
-    ir.IRBuilder(end).ret(ir.Constant(I32, 0))
+    X.Builder(end).ret(ir.Constant(I32, 0))
 
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    b = X.Builder(fn.append_basic_block("entry"))
     sizes, extents = [], {}
     if params:  # a generic kernel: after the argument tensors, a pointer to its sizes (int64, Scop.params order)
         n_args = sum(t.role != "local" for t in scop.tensors)
@@ -117,7 +117,7 @@ def _bind_extents(k: KernelEmitter, r: Region) -> ir.Block:
     """Bind each size-dependent extent of a generic kernel's tensors as id ``"T.k"`` in ``r`` (evaluated once
     at the start, from the parameters, through isl's AST expression of it:
     ``isl_ast_build_expr_from_pw_aff``); returns the block to continue in."""
-    b = ir.IRBuilder(r.start)
+    b = X.Builder(r.start)
     for name, value in extent_values(k, r.ids, b).items():
         r.ids[name] = value
     return b.block
@@ -170,7 +170,7 @@ def _allocate_shadows(k: KernelEmitter, fn: ir.Function, b: ir.IRBuilder,
     ok = fn.append_basic_block("shadows.allocated")
     no_memory = fn.append_basic_block("shadows.no_memory")
     b.cbranch(failed, no_memory, ok)
-    nb = ir.IRBuilder(no_memory)
+    nb = X.Builder(no_memory)
     for p in buffers:
         nb.call(free, [p])
     nb.ret(ir.Constant(I32, STATUS_NO_MEMORY))
@@ -193,7 +193,7 @@ def _allocate(module: ir.Module, fn: ir.Function, b: ir.IRBuilder, t, count: ir.
     ok = fn.append_basic_block(X.ir_name(f"{t.name}.allocated"))
     failed = fn.append_basic_block(X.ir_name(f"{t.name}.no_memory"))
     b.cbranch(b.icmp_unsigned("==", pointer, ir.Constant(PTR, None)), failed, ok)
-    ir.IRBuilder(failed).ret(ir.Constant(I32, STATUS_NO_MEMORY))
+    X.Builder(failed).ret(ir.Constant(I32, STATUS_NO_MEMORY))
     b.position_at_end(ok)
     return pointer
 
@@ -230,7 +230,7 @@ def emit_block(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) 
                 reduced = {s.tensor for s in _statements(k, [child]) if s.op not in ("=", "init")}
                 transposed = {t for s in _statements(k, nodes[i + 1:]) for t in _transposed_reads(s)}
                 for tensor in sorted(reduced & transposed):
-                    r.tensors[tensor] = _launder(ir.IRBuilder(block), r.tensors[tensor])
+                    r.tensors[tensor] = _launder(X.Builder(block), r.tensors[tensor])
     finally:
         r.tensors.clear()
         r.tensors.update(saved)
@@ -302,7 +302,7 @@ def emit_mark(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -
 
 def emit_if(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
     """``if (cond) then [else other]`` (``isl_ast_node_if_get_cond/get_then_node/get_else_node``)."""
-    b = ir.IRBuilder(block)
+    b = X.Builder(block)
     cond = emit_isl_expr(r.ids, node.if_get_cond(), b)
     then_block = b.append_basic_block("if.then")
     join = b.append_basic_block("if.end")
@@ -310,9 +310,9 @@ def emit_if(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> 
     b.cbranch(cond, then_block, else_block)
     outer, r.guarded = r.guarded, True
     try:
-        ir.IRBuilder(emit_node(k, r, node.if_get_then_node(), then_block)).branch(join)
+        X.Builder(emit_node(k, r, node.if_get_then_node(), then_block)).branch(join)
         if node.if_has_else_node():
-            ir.IRBuilder(emit_node(k, r, node.if_get_else_node(), else_block)).branch(join)
+            X.Builder(emit_node(k, r, node.if_get_else_node(), else_block)).branch(join)
     finally:
         r.guarded = outer
     return join
@@ -347,7 +347,7 @@ def emit_sequential_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: i
     if not node.for_is_degenerate() and (user := blocked_reduction_plan(k, node)) is not None:
         return emit_blocked_reduction(k, r, node, block, user)
     it = node.for_get_iterator().get_id().name
-    b = ir.IRBuilder(block)
+    b = X.Builder(block)
     init = emit_isl_expr(r.ids, node.for_get_init(), b)
     body = node.for_get_body()
     if node.for_is_degenerate():
@@ -393,11 +393,11 @@ def emit_unrolled_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
     def copy(value: int, blk: ir.Block) -> ir.Block:
         if exact:
             return emit_node(k, r, body, blk)
-        b = ir.IRBuilder(blk)
+        b = X.Builder(blk)
         then_block = b.append_basic_block(f"{it}.{value}")
         join = b.append_basic_block(f"{it}.{value}.end")
         b.cbranch(emit_isl_expr(r.ids, cond, b), then_block, join)
-        ir.IRBuilder(emit_node(k, r, body, then_block)).branch(join)
+        X.Builder(emit_node(k, r, body, then_block)).branch(join)
         return join
 
     outer = dict(r.alias)
@@ -444,7 +444,7 @@ def emit_parallel_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
     with sub.in_loop(Loop(it, "parallel", step)):
         end = emit_loop(sub, sub.start, it, lo, lambda bb, iv: bb.icmp_signed("<=", iv, hi),
                         ir.Constant(I64, step), lambda blk: emit_node(k, sub, body, blk))
-    ir.IRBuilder(end).ret(ir.Constant(I32, 0))
+    X.Builder(end).ret(ir.Constant(I32, 0))
 
     n_tensors = len(k.pointer_names())
     ctx_ty = ir.LiteralStructType([PTR] * n_tensors + [I64, I64] + [I64] * len(live) + [I32])
@@ -452,7 +452,7 @@ def emit_parallel_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
     start = ir.Function(k.module, ir.FunctionType(PTR, [PTR]), name)
     start.linkage = "internal"
     start.attributes.add("nounwind")
-    sb = ir.IRBuilder(start.append_basic_block("entry"))
+    sb = X.Builder(start.append_basic_block("entry"))
     field_types = [PTR] * n_tensors + [I64] * (2 + len(live))
     fields = [sb.load(_field(sb, ctx_ty, start.args[0], i), typ=ty) for i, ty in enumerate(field_types)]
     rc = sb.call(sub.fn, fields)
@@ -460,14 +460,14 @@ def emit_parallel_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
     sb.ret(ir.Constant(PTR, None))
 
     # the caller: split [0, n) into T = clamp(n, 1, threads) chunks of iterations, run by the thread pool
-    b = ir.IRBuilder(block)
+    b = X.Builder(block)
     init, _, n = emit_trip_count(r, bounds, b)
     T = smax(b, smin(b, n, ir.Constant(I64, threads)), ir.Constant(I64, 1))
     ctxs = r.alloca(ir.ArrayType(ctx_ty, threads), name=f"{name}.ctx")
 
     def context(blk: ir.Block) -> ir.Block:
         """Fill chunk t's context: iterations k in [n*t/T, n*(t+1)/T)."""
-        bb = ir.IRBuilder(blk)
+        bb = X.Builder(blk)
         t = r.ids[".t"]
         ctx = bb.gep(ctxs, [ir.Constant(I64, 0), t], inbounds=True, source_etype=ctxs.allocated_type)
         k0 = bb.sdiv(bb.mul(n, t), T)
@@ -482,7 +482,7 @@ def emit_parallel_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
     one = ir.Constant(I64, 1)
     below_T = lambda bb, t: bb.icmp_signed("<", t, T)  # noqa: E731
     after = emit_loop(r, b.block, ".t", ir.Constant(I64, 0), below_T, one, context)
-    b = ir.IRBuilder(after)
+    b = X.Builder(after)
     ctx_bytes = b.ptrtoint(b.gep(ir.Constant(PTR, None), [one], source_etype=ctx_ty), I64)
     b.call(declare_parallel_run(k.module), [start, ctxs, ctx_bytes, T])
     # any chunk failed?
@@ -490,13 +490,13 @@ def emit_parallel_for(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
     b.store(ir.Constant(I32, 0), status)
 
     def collect(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
+        bb = X.Builder(blk)
         ctx = bb.gep(ctxs, [ir.Constant(I64, 0), r.ids[".t"]], inbounds=True, source_etype=ctxs.allocated_type)
         bb.store(bb.or_(bb.load(status, typ=I32), bb.load(_field(bb, ctx_ty, ctx, result_field), typ=I32)), status)
         return bb.block
 
     after = emit_loop(r, b.block, ".t", ir.Constant(I64, 0), below_T, one, collect)
-    b = ir.IRBuilder(after)
+    b = X.Builder(after)
     done = b.append_basic_block(f"{name}.done")
     b.cbranch(b.icmp_unsigned("!=", b.load(status, typ=I32), ir.Constant(I32, 0)), r.fail(), done)
     return done

@@ -129,7 +129,7 @@ def _worker(module, field, relax, futex) -> ir.Function:
     fn.linkage = "internal"
     slot = fn.args[0]
     entry, wait, spin, sleep, run = (fn.append_basic_block(n) for n in ("entry", "wait", "spin", "sleep", "run"))
-    b = ir.IRBuilder(entry)
+    b = X.Builder(entry)
     b.branch(wait)
 
     b.position_at_end(wait)  # seen: the last job run (slots start at gen 0, before any job)
@@ -185,7 +185,7 @@ def _parallel_run(module, state, slots_ty, slot_at, field, relax, futex, worker)
     getaffinity = X.declare(module, "sched_getaffinity", ir.FunctionType(I32, [I32, I64, PTR]))
     setaffinity = X.declare(module, "pthread_setaffinity_np", ir.FunctionType(I32, [I64, I64, PTR]))
     entry = fn.append_basic_block("entry")
-    b = ir.IRBuilder(entry)
+    b = X.Builder(entry)
     tid = b.alloca(I64, name="tid")
     mask = b.alloca(_CPU_SET, name="mask")
     mask.type = PTR

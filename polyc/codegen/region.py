@@ -108,12 +108,12 @@ class Region:
         """The block returning 1 (a data-dependent index was out of range), made on first use."""
         if self._fail is None:
             self._fail = self.fn.append_basic_block("fail")
-            ir.IRBuilder(self._fail).ret(ir.Constant(I32, 1))
+            X.Builder(self._fail).ret(ir.Constant(I32, 1))
         return self._fail
 
     def alloca(self, ty: ir.Type, name: str = "") -> ir.Value:
         """A stack slot in the function's entry block (so loops do not grow the stack)."""
-        b = ir.IRBuilder(self.fn.entry_basic_block)
+        b = X.Builder(self.fn.entry_basic_block)
         b.position_at_start(self.fn.entry_basic_block)
         slot = b.alloca(ty, name=name)
         slot.type = PTR  # an opaque pointer, as everywhere else (llvmlite types allocas as T*)
@@ -184,7 +184,7 @@ class KernelEmitter:
             arg.name = n
         entry = fn.append_basic_block("entry")
         start = fn.append_basic_block("start")
-        ir.IRBuilder(entry).branch(start)
+        X.Builder(entry).branch(start)
         region = Region(fn, start, dict(zip(pointers, fn.args)), in_parallel=in_parallel)
         return region, list(fn.args[len(pointers):])
 
@@ -224,7 +224,7 @@ def emit_statement(env: X.Env, stmt: PolyStatement, b: ir.IRBuilder) -> None:
 
 def emit_user(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -> ir.Block:
     """A statement instance ``S(e0, e1, ...)``: evaluate the rhs, combine with the lhs element, store."""
-    b = ir.IRBuilder(block)
+    b = X.Builder(block)
     stmt, values = statement_call(k, r, node, b)
     emit_statement(k.env(r, values, stmt), stmt, b)
     return b.block
@@ -240,7 +240,7 @@ def emit_loop(r: Region, block: ir.Block, name: str, init: ir.Value,
     ``cond(builder, iv)`` gives the i1 continuation test; ``body(block)`` fills the body and returns its
     last block. Returns the exit block.
     """
-    b = ir.IRBuilder(block)
+    b = X.Builder(block)
     header = b.append_basic_block(f"{name}.head")
     body_block = b.append_basic_block(f"{name}.body")
     exit_block = b.append_basic_block(f"{name}.exit")
@@ -253,7 +253,7 @@ def emit_loop(r: Region, block: ir.Block, name: str, init: ir.Value,
     def run() -> ir.Block:
         b.cbranch(cond(b, iv), body_block, exit_block)
         end = body(body_block)
-        tail = ir.IRBuilder(end)
+        tail = X.Builder(end)
         iv.add_incoming(tail.add(iv, step, name=f"{name}.next", flags=("nsw",)), end)
         tail.branch(header)
         return exit_block

@@ -135,7 +135,7 @@ def emit_blocked_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block
     dtype = k.scop.tensor(stmt.tensor).dtype
     ty = X.llvm_type(dtype)
     it = node.for_get_iterator().get_id().name
-    b = ir.IRBuilder(block)
+    b = X.Builder(block)
     bounds = loop_bounds(node)
     init, last, _ = emit_trip_count(r, bounds, b)
     step = ir.Constant(I64, bounds[2])
@@ -147,20 +147,20 @@ def emit_blocked_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block
                         [indices[i] for i in stmt.lhs], b)
 
     def term(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
+        bb = X.Builder(blk)
         indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
         env = k.env(r, indices, stmt)
         bb.store(X.emit_update(env, "+=", dtype, stmt.rhs, bb.load(value, typ=ty), bb), value)
         return bb.block
 
     def blocked(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
+        bb = X.Builder(blk)
         start = r.ids[f"{it}.block"]
         stop = bb.add(start, ir.Constant(I64, (SUM_BLOCK - 1) * bounds[2]))
         stop = bb.select(bb.icmp_signed("<", last, stop), last, stop)
         bb.store(ir.Constant(ty, 0.0), value)
         after = emit_loop(r, bb.block, it, start, lambda bx, iv: bx.icmp_signed("<=", iv, stop), step, term)
-        bb = ir.IRBuilder(after)
+        bb = X.Builder(after)
         fold_sum(k, r, stmt.tensor, flat, bb.load(value, typ=ty), bb)
         return bb.block
 

@@ -78,7 +78,7 @@ def _emit_vector_loop(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
 
     def vector_body(width: int, offset: int | None = None):
         def fill(blk: ir.Block) -> ir.Block:
-            bb = ir.IRBuilder(blk)
+            bb = X.Builder(blk)
             for user in users:
                 _emit_vector_statement(k, r, user, width, strides, bb)
                 emit_prefetches(k, r, user, offset, bb)
@@ -93,25 +93,37 @@ def _emit_vector_loop(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.
             block = with_id(r, it, ir.Constant(I64, start), lambda blk=block, fill=fill: fill(blk))
         return block
 
-    b = ir.IRBuilder(block)
+    b = X.Builder(block)
     init, last, n = emit_trip_count(r, bounds, b)
     vector_end = b.add(init, b.mul(b.sdiv(n, ir.Constant(I64, lanes)), ir.Constant(I64, lanes)))
 
-    after = emit_loop(r, b.block, it, init, lambda bb, iv: bb.icmp_signed("<", iv, vector_end),
-                      ir.Constant(I64, lanes), vector_body(lanes))
+    after = b.block if _empty(init, vector_end) else emit_loop(
+        r, b.block, it, init, lambda bb, iv: bb.icmp_signed("<", iv, vector_end), ir.Constant(I64, lanes),
+        vector_body(lanes))
     # the remainder (fewer than `lanes` iterations): at most one step of each narrower power-of-two width,
-    # then scalar iterations — 24 float32 with 16 lanes run as 16 + 8, not 16 + 8 scalar steps
+    # then scalar iterations — 24 float32 with 16 lanes run as 16 + 8, not 16 + 8 scalar steps; with
+    # constant bounds (the builder folds them) only the widths that run are emitted
     start = vector_end
     width = lanes // 2
     while width >= 2:
-        bb = ir.IRBuilder(after)
+        bb = X.Builder(after)
         left = bb.sub(bb.add(last, ir.Constant(I64, 1)), start)
         stop = bb.add(start, bb.mul(bb.sdiv(left, ir.Constant(I64, width)), ir.Constant(I64, width)))
-        after = emit_loop(r, bb.block, it, start, lambda bx, iv, stop=stop: bx.icmp_signed("<", iv, stop),
-                          ir.Constant(I64, width), vector_body(width))
+        if not _empty(start, stop):
+            after = emit_loop(r, bb.block, it, start, lambda bx, iv, stop=stop: bx.icmp_signed("<", iv, stop),
+                              ir.Constant(I64, width), vector_body(width))
         start, width = stop, width // 2
+    if _empty(start, last, inclusive=True):
+        return after
     return emit_loop(r, after, it, start, lambda bb, iv: bb.icmp_signed("<=", iv, last),
                      ir.Constant(I64, 1), lambda blk: _emit_scalar(k, r, users, blk))
+
+
+def _empty(start: ir.Value, stop: ir.Value, inclusive: bool = False) -> bool:
+    """Whether a loop from ``start`` to ``stop`` (exclusive, or ``inclusive``) provably runs no iteration:
+    both are constants."""
+    first, end = X.int_value(start), X.int_value(stop)
+    return first is not None and end is not None and first >= end + inclusive
 
 
 #: A vector loop with constant bounds of at most this many vector steps is emitted straight-line.
@@ -278,7 +290,7 @@ def emit_vector_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block:
     dtype = k.scop.tensor(stmt.tensor).dtype
     exact = compensated(k, stmt)
     it = node.for_get_iterator().get_id().name
-    b = ir.IRBuilder(block)
+    b = X.Builder(block)
     init, last, n = emit_trip_count(r, loop_bounds(node), b)
     wide = lanes * REDUCTION_ACCUMULATORS
     chunk = wide * SUM_CHUNK_STEPS
@@ -301,14 +313,14 @@ def emit_vector_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block:
         bb.store(X.emit_update(env, stmt.op, dtype, stmt.rhs, bb.load(acc, typ=vty), bb), acc)
 
     def unrolled(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
+        bb = X.Builder(blk)
         base = r.ids[it]
         for u, acc in enumerate(accs):
             with_id(r, it, bb.add(base, ir.Constant(I64, u * lanes)), lambda: update(bb, acc))
         return bb.block
 
     def single(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
+        bb = X.Builder(blk)
         update(bb, accs[0])
         return bb.block
 
@@ -341,10 +353,10 @@ def emit_vector_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block:
 
     def chunk_body(blk: ir.Block) -> ir.Block:
         start = r.ids[f"{it}.chunk"]
-        stop = ir.IRBuilder(blk).add(start, ir.Constant(I64, chunk))
+        stop = X.Builder(blk).add(start, ir.Constant(I64, chunk))
         after = emit_loop(r, blk, it, start, lambda bb, iv: bb.icmp_signed("<", iv, stop),
                           ir.Constant(I64, wide), unrolled)
-        bb = ir.IRBuilder(after)
+        bb = X.Builder(after)
         with_id(r, it, start, lambda: store(bb, partial(bb)))
         for acc in accs:
             bb.store(identity, acc)
@@ -360,11 +372,11 @@ def emit_vector_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block:
                       ir.Constant(I64, lanes), single)
     # the scalar remainder into the partial p, then one update of the element
     value = r.alloca(X.llvm_type(dtype), "partial")
-    bb = ir.IRBuilder(after)
+    bb = X.Builder(after)
     bb.store(partial(bb), value)
 
     def remainder(blk: ir.Block) -> ir.Block:
-        bb = ir.IRBuilder(blk)
+        bb = X.Builder(blk)
         indices = {i: emit_isl_expr(r.ids, call.get_op_arg(n + 1), bb) for n, i in enumerate(stmt.indices)}
         env = X.Env(k.module, k.scop, r.tensors, indices, r.fail, **k.env_args(r), safe_reads=stmt.safe_reads)
         bb.store(X.emit_update(env, stmt.op, dtype, stmt.rhs, bb.load(value, typ=value_type), bb), value)
@@ -373,6 +385,6 @@ def emit_vector_reduction(k: KernelEmitter, r: Region, node: isl.AstNode, block:
     value_type = X.llvm_type(dtype)
     after = emit_loop(r, after, it, vector_end, lambda bb, iv: bb.icmp_signed("<=", iv, last),
                       ir.Constant(I64, 1), remainder)
-    bb = ir.IRBuilder(after)
+    bb = X.Builder(after)
     with_id(r, it, init, lambda: store(bb, bb.load(value, typ=value_type)))
     return bb.block
