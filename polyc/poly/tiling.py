@@ -95,6 +95,10 @@ SINGLE_REDUCTION_IN_FLIGHT = 3
 
 KC_MAX = 512  #: :func:`cache_tile_sizes` grows a single reduction tile up to this depth while it fits in L1.
 
+#: A micro-panel that is one stream (a step brings nothing but the vector operand's NR columns: the broadcast
+#: operand is read along its own lines) may take this many times the L1d (:func:`cache_tile_sizes`).
+KC_STREAM_L1D = 2
+
 #: :func:`register_tile_sizes` takes three vectors of columns instead of two where that raises the estimated
 #: FMA-pipe occupancy (:func:`_fma_efficiency`) by at least this factor.
 WIDEN_MIN_GAIN = 1.1
@@ -191,6 +195,17 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
     of the streamed B slivers. Measured (1 thread, Zen 4, L1d 32 KiB, AVX2, paired runs against OpenBLAS's
     Haswell kernel): SGEMM 2048 0.87-0.89 -> 0.91-0.95, 1024 0.93 -> 0.96; AVX-512 (128 bytes a step) keeps
     256 on this L1; whole models (BERT, GPT, ViT, ResNet-50, MobileNetV2) level on both (0.99-1.01).
+    A micro-panel that is one stream (a step brings nothing but the vector operand's NR columns, ``step_bytes
+    <= NR x itemsize``: GEMM's ``B`` sliver beside ``A`` read along its rows) may take :data:`KC_STREAM_L1D`
+    times the L1d: the L2 prefetcher keeps one stream ahead of the FMAs (BLIS's Skylake-X configurations have
+    micro-kernels whose B panel streams from L2 likewise), and the deeper tile halves the passes that reload
+    and store the C tile. AVX-512's 128-byte step gets kc = 512 on a 48 KiB L1d (256 before); AVX2's 64-byte
+    step was at :data:`KC_MAX` already. Measured (Intel Emerald Rapids, two full-width FMA pipes: a step of
+    12 x 2 vectors takes 12 cycles; paired in one process against OpenBLAS's SkylakeX kernel): SGEMM 1024
+    0.70-0.76 -> 0.95-0.98 of OpenBLAS (1 thread), 0.51 -> 0.68 (2 threads); 512 0.91 -> 0.92-0.95; 2048
+    0.77-0.83 -> 0.81-0.86 (2 threads 0.77 -> 0.73, within that host's spread); whole models paired (1
+    thread: GPT, BERT, ViT, ResNet-50, SqueezeNet; 2 threads: GPT, ResNet-50) 0.98-1.02, level. A step that
+    also brings rows jumping lines (the 196-byte pixel rows above) keeps the L1d bound.
 
     ``shared_panel`` (:func:`~.strategy.streams_panel`: the vector operand is one matrix, larger than L2, that every row
     reads: a layer's weights) with a single reduction loop: when every row of the band (its coincident
@@ -249,10 +264,12 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
     budget = target.l2_bytes // 2
     pos_v = order.index(v)
     reductions = [j for j, k in enumerate(order) if not coincident[k]]
-    if step_bytes and len(reductions) == 1 and depth == 1:  # micro-panels as deep as L1 holds (see above)
+    # micro-panels as deep as L1 holds, twice that for a single stream (see above)
+    l1_panel = target.l1d_bytes * (KC_STREAM_L1D if step_bytes <= nr * itemsize else 1)
+    if step_bytes and len(reductions) == 1 and depth == 1:
         r = reductions[0]
         extent = extents[order[r]]
-        while clipped[r] < extent and 2 * clipped[r] <= KC_MAX and 2 * clipped[r] * step_bytes <= target.l1d_bytes:
+        while clipped[r] < extent and 2 * clipped[r] <= KC_MAX and 2 * clipped[r] * step_bytes <= l1_panel:
             clipped[r] *= 2
         clipped[r] = -(-extent // -(-extent // clipped[r]))  # equal tiles: 768 as 2 x 384, not 512 + 256
 
@@ -269,7 +286,7 @@ def cache_tile_sizes(order, u, v, coincident, extents, options: Options, target,
         clipped[deepest] //= 2
     pos_u = order.index(u)
     if step_bytes and len(reductions) == 1 and depth == 1:
-        while clipped[reductions[0]] * step_bytes > target.l1d_bytes and clipped[reductions[0]] > 16:
+        while clipped[reductions[0]] * step_bytes > l1_panel and clipped[reductions[0]] > 16:
             clipped[reductions[0]] //= 2
         rows = [j for j, k in enumerate(order) if coincident[k] and k != v]
         block = math.prod(extents[order[j]] for j in rows) * itemsize  # every row's bytes per reduction step

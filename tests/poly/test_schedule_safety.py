@@ -520,10 +520,11 @@ def test_a_compile_the_time_box_cut_off_is_not_cached(monkeypatch, tmp_path):
 
 
 def test_a_single_reduction_tile_keeps_the_micro_panels_in_l1():
-    """cache_tile_sizes' L1 rule: with one reduction loop, ``kc x step_bytes`` fits in L1d (halved down to
-    16, grown up to KC_MAX, then split into equal tiles); window loops below the band (``depth``) or several
-    reductions leave the tile alone. micro_step_bytes counts lines for a read that jumps a line per step; a
-    read along its rows counts only beside one whose steps straddle lines."""
+    """cache_tile_sizes' L1 rule: with one reduction loop, ``kc x step_bytes`` fits in L1d (twice L1d when
+    a step is the NR columns alone; halved down to 16, grown up to KC_MAX, then split into equal tiles); window
+    loops below the band (``depth``) or several reductions leave the tile alone. micro_step_bytes counts lines
+    for a read that jumps a line per step; a read along its rows counts only beside one whose steps straddle
+    lines."""
     target = Target("x86_64-unknown-linux-gnu", "znver5", "", 512, 2, 49152, 1 << 20, 32 << 20, 32)
     order, coincident, extents = [0, 1, 2], [True, True, False], [7, 2048, 512]
     tiles = lambda **kw: tiling.cache_tile_sizes(order, 0, 1, coincident, extents, polyc.Options(), target,  # noqa
@@ -535,6 +536,8 @@ def test_a_single_reduction_tile_keeps_the_micro_panels_in_l1():
     assert tiles(step_bytes=256, depth=9)[2] == 256  # a 3x3 window below the band: not this rule
     assert tiles(step_bytes=64)[2] == 512           # grown to KC_MAX: 64 x 512 = 32 KiB
     assert tiles(step_bytes=96)[2] == 512           # 48 KiB: still fits
+    assert tiles(step_bytes=128)[2] == 512          # one stream (the NR columns alone): up to 2 x L1d, 64 KiB
+    assert tiles(step_bytes=160)[2] == 256          # a step beyond the NR columns: L1d bounds it
     extents[2] = 768
     assert tiles(step_bytes=64)[2] == 384           # 768 as two equal tiles, not 512 + 256
     assert tiles()[2] == 256                        # no step_bytes: the default tile
@@ -660,7 +663,7 @@ def test_a_shared_weight_panel_is_streamed_in_slivers_over_all_rows():
     assert tiles([7, 7, 2048, 512]) == [7, 7, 32, 128]        # rows jumping lines: kc 128 from the L1 rule
     assert tiles([7, 5, 2000, 512]) == [7, 7, 32, 128]        # rows in whole register tiles
     assert tiles([7, 7, 2048, 512], step_bytes=128) == [7, 7, 32, 512]   # along their lines: all of it
-    assert tiles([7, 7, 2048, 8192], step_bytes=128) == [7, 7, 32, 256]  # 49 x 8192 x 4 does not fit
+    assert tiles([7, 7, 2048, 8192], step_bytes=128) == [7, 7, 32, 512]  # 49 x 8192 x 4 does not fit
     assert tiles([7, 7, 2048, 512], shared=False)[2] == 256   # no shared panel: the nc block
     assert tiles([56, 56, 256, 512])[2] == 256                # 3136 rows x kc: beyond half of L2
     src = "def pw(float(H,W,C) X, float(C,M) Wt) -> (Y) { Y(h,w,m) +=! X(h,w,c) * Wt(c,m) }"
