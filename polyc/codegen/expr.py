@@ -93,7 +93,7 @@ def int_div_mod(b: ir.IRBuilder, x: ir.Value, y: ir.Value, unsigned: bool, want:
     """
     ty = x.type
     zero, one = const(ty, 0), const(ty, 1)
-    if not unsigned and isinstance(y, ir.Constant) and isinstance(y.constant, int) and y.constant > 0:
+    if not unsigned and (int_value(y) or 0) > 0:
         r = b.srem(x, y)  # a positive constant divisor (isl's floord): only the floor adjustment
         negative = b.icmp_signed("<", r, zero)
         if want == "div":
@@ -612,8 +612,8 @@ def extent_values(env: Env, tensor: str) -> list:
 
 def _split_constant(value: ir.Value) -> tuple[ir.Value | None, int]:
     """``(x, c)`` with ``value == x + c`` for an i64 ``add`` with a constant operand (``x`` None: constant)."""
-    if isinstance(value, ir.Constant) and isinstance(value.constant, int):
-        return None, value.constant
+    if int_value(value) is not None:
+        return None, int_value(value)
     if isinstance(value, ir.Instruction) and value.opname == "add" and value.type == I64:
         left, right = value.operands
         lv, lc = _split_constant(left)

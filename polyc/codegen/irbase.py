@@ -5,6 +5,7 @@ which re-exports them)."""
 from __future__ import annotations
 
 import hashlib
+import operator
 
 from llvmlite import ir
 
@@ -116,19 +117,19 @@ class Builder(ir.IRBuilder):
             return lhs
         if int_value(lhs) == 0 and lhs.type == rhs.type:
             return rhs
-        return self._binop(ir.IRBuilder.add, lhs, rhs, name, flags, lambda x, y: x + y)
+        return self._binop(ir.IRBuilder.add, lhs, rhs, name, flags, operator.add)
 
     def sub(self, lhs, rhs, name="", flags=()):
         if int_value(rhs) == 0 and lhs.type == rhs.type:
             return lhs
-        return self._binop(ir.IRBuilder.sub, lhs, rhs, name, flags, lambda x, y: x - y)
+        return self._binop(ir.IRBuilder.sub, lhs, rhs, name, flags, operator.sub)
 
     def mul(self, lhs, rhs, name="", flags=()):
         if int_value(rhs) == 1 and lhs.type == rhs.type:
             return lhs
         if int_value(lhs) == 1 and lhs.type == rhs.type:
             return rhs
-        return self._binop(ir.IRBuilder.mul, lhs, rhs, name, flags, lambda x, y: x * y)
+        return self._binop(ir.IRBuilder.mul, lhs, rhs, name, flags, operator.mul)
 
     def sdiv(self, lhs, rhs, name="", flags=()):
         if int_value(rhs) == 1 and lhs.type == rhs.type:
@@ -142,10 +143,10 @@ class Builder(ir.IRBuilder):
         return self._binop(ir.IRBuilder.srem, lhs, rhs, name, flags, rem)
 
     def and_(self, lhs, rhs, name="", flags=()):
-        return self._binop(ir.IRBuilder.and_, lhs, rhs, name, flags, lambda x, y: x & y)
+        return self._binop(ir.IRBuilder.and_, lhs, rhs, name, flags, operator.and_)
 
     def or_(self, lhs, rhs, name="", flags=()):
-        return self._binop(ir.IRBuilder.or_, lhs, rhs, name, flags, lambda x, y: x | y)
+        return self._binop(ir.IRBuilder.or_, lhs, rhs, name, flags, operator.or_)
 
     def icmp_signed(self, cmpop, lhs, rhs, name=""):
         x, y = int_value(lhs), int_value(rhs)
@@ -186,8 +187,8 @@ def _truncating_div(x: int, y: int) -> int | None:
     return q if (x < 0) == (y < 0) else -q
 
 
-_COMPARE = {"==": lambda x, y: x == y, "!=": lambda x, y: x != y, "<": lambda x, y: x < y,
-            "<=": lambda x, y: x <= y, ">": lambda x, y: x > y, ">=": lambda x, y: x >= y}
+_COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+            ">=": operator.ge}
 
 
 def splat(b: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
