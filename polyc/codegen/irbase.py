@@ -104,37 +104,30 @@ class Builder(ir.IRBuilder):
     through them the remainder loops :mod:`~polyc.codegen.vector` no longer emits): DenseNet's serial compile
     52 -> 35-41 s (Intel Emerald Rapids, 1 process)."""
 
-    def _binop(self, op, lhs, rhs, name, flags, fold):
-        x, y = int_value(lhs), int_value(rhs)
-        if x is not None and y is not None and lhs.type == rhs.type:
-            value = fold(x, y)
-            if value is not None:
+    def _binop(self, op, lhs, rhs, name, flags, fold, neutral=None, commutative=False):
+        """``op`` (llvmlite's method) unless it folds: ``x op neutral`` is ``x`` (``neutral op x`` too when
+        ``commutative``), two constants are ``fold(x, y)`` (None: not folded)."""
+        if lhs.type == rhs.type:
+            x, y = int_value(lhs), int_value(rhs)
+            if neutral is not None and y == neutral:
+                return lhs
+            if neutral is not None and commutative and x == neutral:
+                return rhs
+            if x is not None and y is not None and (value := fold(x, y)) is not None:
                 return const(lhs.type, value)
         return op(self, lhs, rhs, name, flags)
 
     def add(self, lhs, rhs, name="", flags=()):
-        if int_value(rhs) == 0 and lhs.type == rhs.type:
-            return lhs
-        if int_value(lhs) == 0 and lhs.type == rhs.type:
-            return rhs
-        return self._binop(ir.IRBuilder.add, lhs, rhs, name, flags, operator.add)
+        return self._binop(ir.IRBuilder.add, lhs, rhs, name, flags, operator.add, 0, commutative=True)
 
     def sub(self, lhs, rhs, name="", flags=()):
-        if int_value(rhs) == 0 and lhs.type == rhs.type:
-            return lhs
-        return self._binop(ir.IRBuilder.sub, lhs, rhs, name, flags, operator.sub)
+        return self._binop(ir.IRBuilder.sub, lhs, rhs, name, flags, operator.sub, 0)
 
     def mul(self, lhs, rhs, name="", flags=()):
-        if int_value(rhs) == 1 and lhs.type == rhs.type:
-            return lhs
-        if int_value(lhs) == 1 and lhs.type == rhs.type:
-            return rhs
-        return self._binop(ir.IRBuilder.mul, lhs, rhs, name, flags, operator.mul)
+        return self._binop(ir.IRBuilder.mul, lhs, rhs, name, flags, operator.mul, 1, commutative=True)
 
     def sdiv(self, lhs, rhs, name="", flags=()):
-        if int_value(rhs) == 1 and lhs.type == rhs.type:
-            return lhs
-        return self._binop(ir.IRBuilder.sdiv, lhs, rhs, name, flags, _truncating_div)
+        return self._binop(ir.IRBuilder.sdiv, lhs, rhs, name, flags, _truncating_div, 1)
 
     def srem(self, lhs, rhs, name="", flags=()):
         def rem(x, y):
