@@ -38,6 +38,9 @@ class Options:
       rows) becomes straight-line copies when it has at most this many iterations (``None``: up to
       :data:`polyc.codegen.llvm.MAX_FULL_UNROLL`); ``0`` unrolls nothing — marked loops stay loops and
       LLVM's own loop unroller is off.
+    - ``reduction_unroll``: how many times LLVM's loop unroller unrolls the reduction loop around a register
+      tile (its innermost loop, whose body is the tile's rows): ``None``:
+      :data:`polyc.codegen.llvm.REDUCTION_UNROLL`; ``1`` keeps it rolled; with ``unroll=0`` LLVM's unroller is off.
     - ``promote``: pack the register tile's vector operand (GEMM's ``B``) into a panel-major local buffer before
       the kernel (:mod:`polyc.poly.promote`): ``None`` where the strategy finds it pays (long rows, reuse),
       ``True`` wherever the access allows it (for research and tests), ``False`` never.
@@ -63,6 +66,7 @@ class Options:
     parallel: bool = True
     threads: int | None = None
     unroll: int | None = None
+    reduction_unroll: int | None = None
     promote: bool | None = None
     prefetch: bool | None = None
     opt_level: int = 3
@@ -82,6 +86,8 @@ class Options:
             raise PolycError(f"threads must be at least 1, got {self.threads}")
         if self.unroll is not None and self.unroll < 0:
             raise PolycError(f"unroll must be 0 or more (or None), got {self.unroll}")
+        if self.reduction_unroll is not None and self.reduction_unroll < 1:
+            raise PolycError(f"reduction_unroll must be 1 or more (or None), got {self.reduction_unroll}")
         if not 0 <= self.opt_level <= 3:
             raise PolycError(f"opt_level must be 0..3, got {self.opt_level}")
 

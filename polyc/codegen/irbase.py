@@ -209,6 +209,17 @@ def declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
     return ir.Function(module, fnty, name)
 
 
+def loop_unroll_metadata(module: ir.Module, count: int) -> ir.Value:
+    """A loop ID for a loop's latch branch (``llvm.loop``) asking LLVM's loop unroller to unroll the loop
+    ``count`` times (``llvm.loop.unroll.count``). A loop ID's first operand is the node itself, which
+    ``Module.add_metadata`` cannot build: the node is made with a unique string in that place, which is
+    then replaced by the node."""
+    hint = module.add_metadata([ir.MetaDataString(module, "llvm.loop.unroll.count"), ir.Constant(I32, count)])
+    node = module.add_metadata([ir.MetaDataString(module, f"polyc.loop.{len(module.metadata)}"), hint])
+    node.operands = (node, hint)
+    return node
+
+
 def intrinsic(module: ir.Module, base: str, ty: ir.Type, nargs: int) -> ir.Function:
     """``llvm.<base>.<f32|f64|vNf32|vNf64>`` taking ``nargs`` values of ``ty`` and returning ``ty``.
 

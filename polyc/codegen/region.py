@@ -234,7 +234,7 @@ def emit_user(k: KernelEmitter, r: Region, node: isl.AstNode, block: ir.Block) -
 
 def emit_loop(r: Region, block: ir.Block, name: str, init: ir.Value,
               cond: Callable[[ir.IRBuilder, ir.Value], ir.Value], step: ir.Value,
-              body: Callable[[ir.Block], ir.Block]) -> ir.Block:
+              body: Callable[[ir.Block], ir.Block], metadata: ir.Value | None = None) -> ir.Block:
     """A loop ``for (name = init; cond(name); name += step) body`` on i64, with ``name`` bound in ``r.ids``.
 
     ``cond(builder, iv)`` gives the i1 continuation test; ``body(block)`` fills the body and returns its
@@ -255,7 +255,9 @@ def emit_loop(r: Region, block: ir.Block, name: str, init: ir.Value,
         end = body(body_block)
         tail = X.Builder(end)
         iv.add_incoming(tail.add(iv, step, name=f"{name}.next", flags=("nsw",)), end)
-        tail.branch(header)
+        latch = tail.branch(header)
+        if metadata is not None:
+            latch.set_metadata("llvm.loop", metadata)
         return exit_block
 
     return with_id(r, name, iv, run)

@@ -9,7 +9,7 @@ a genotype, one value per gene (:func:`options_of` turns it into Options fields)
   vectors of the target's width);
 - ``tiles`` (derived, or explicit: one gene ``tile.k`` per loop of the def's largest statement, each a power
   of two from 4 to 512; the strategy clips them to the loops' extents and multiples of the register tile);
-- ``unroll`` (None, 0, 4, 8, 16), ``promote`` and ``prefetch`` (None, True, False), ``fusion`` (smart, max,
+- ``unroll`` (None, 0, 4, 8, 16), ``reduction_unroll`` (None, 1, 2, 8), ``promote`` and ``prefetch`` (None, True, False), ``fusion`` (smart, max,
   min), ``rar`` and ``tile`` (on or off).
 
 :class:`Evolution` is a steady-state genetic search in the manner of Tensor Comprehensions' autotuner, seeded
@@ -66,6 +66,7 @@ def space(kernel: Kernel, target: Target) -> dict:
         "rows": list(range(1, target.vector_registers // 2 + 1)),
         "cols": [c * lanes for c in (1, 2, 3, 4)],
         "unroll": [None, 0, 4, 8, 16],
+        "reduction_unroll": [None, 1, 2, 8],
         "promote": [None, True, False],
         "prefetch": [None, True, False],
         "fusion": ["smart", "max", "min"],
@@ -76,7 +77,7 @@ def space(kernel: Kernel, target: Target) -> dict:
 
 
 #: The genes that are Options fields as they are.
-PLAIN_GENES = ("unroll", "promote", "prefetch", "fusion", "rar", "tile")
+PLAIN_GENES = ("unroll", "reduction_unroll", "promote", "prefetch", "fusion", "rar", "tile")
 
 
 def options_of(genes: dict) -> dict:
