@@ -46,8 +46,8 @@ from ..poly.affine import children, index_names
 from ..poly.scop import Scop
 from . import mathlib, storage
 from .irbase import (FLOAT, I1, I32, I64, I8, MAX_IR_NAME, PTR, STORAGE, UNSIGNED, _BITS, _CONTRACT, Builder,
-                     _elem, _with_elem, const, declare, element_bytes, freeze, int_value, intrinsic, ir_name, llvm_type, loop_unroll_metadata,
-                     memory_type, scalar_type, splat)
+                     _elem, _with_elem, const, declare, element_bytes, freeze, int_value, intrinsic, ir_name, llvm_type,
+                     loop_unroll_metadata, memory_type, scalar_type, splat)
 
 @dataclass
 class Env:

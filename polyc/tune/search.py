@@ -9,8 +9,8 @@ a genotype, one value per gene (:func:`options_of` turns it into Options fields)
   vectors of the target's width);
 - ``tiles`` (derived, or explicit: one gene ``tile.k`` per loop of the def's largest statement, each a power
   of two from 4 to 512; the strategy clips them to the loops' extents and multiples of the register tile);
-- ``unroll`` (None, 0, 4, 8, 16), ``reduction_unroll`` (None, 1, 2, 8), ``promote`` and ``prefetch`` (None, True, False), ``fusion`` (smart, max,
-  min), ``rar`` and ``tile`` (on or off).
+- ``unroll`` (None, 0, 4, 8, 16), ``reduction_unroll`` (None, 1, 2, 8), ``promote`` and ``prefetch`` (None,
+  True, False), ``fusion`` (smart, max, min), ``rar`` and ``tile`` (on or off).
 
 :class:`Evolution` is a steady-state genetic search in the manner of Tensor Comprehensions' autotuner, seeded
 by the strategy: the first round is the default and its neighbours (one gene changed), then a population of
