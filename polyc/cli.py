@@ -428,7 +428,9 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default="", help="for a def: size values, e.g. M=64,N=64,K=64")
     p.add_argument("--budget", type=float, default=60.0, help="seconds of search per kernel (default 60)")
     p.add_argument("--trials", type=_positive, default=None, help="at most this many candidates per kernel")
-    p.add_argument("--strategy", default="evolution", choices=["evolution", "model", "random"], help="the search")
+    p.add_argument("--strategy", default=None, choices=["model", "evolution", "random"],
+                   help="the search: model-based (the default with scikit-learn installed: a random forest that "
+                        "also learns from the records of other kernels on this target), genetic or random")
     p.add_argument("--ray", default=None, help="measure on Ray: 'auto', 'local' or a cluster address")
     p.add_argument("--threads", type=_positive, default=None, help="threads the kernels run with")
     p.add_argument("--show", action="store_true", help="print the records (per kernel, default and best)")

@@ -11,21 +11,25 @@ measures a kernel's space once and replays searches on it many times (a surrogat
    pipeline's ``lower`` + ``emit``: candidates with equal IR compile to equal code). Written as JSON lines to
    ``--data DIR``, one file per kernel and target.
 2. Replay: a candidate's true time is the median over every measured candidate with its IR; a search picks
-   candidates from the measured pool one at a time (random sampling: uniformly; the model-based search:
-   :meth:`polyc.tune.search.ModelSearch.rank` over the pool not yet picked, after the same first sample of
-   random draws, plus one random pick in four as it proposes live), sees each as its true time times
-   log-normal noise (``--noise``, 3% by default), and ends with the candidate whose noisy time was lowest;
-   the result is the default's true time over that candidate's. ``--trials`` picks a search (the live 30 s
-   searches measure 25-100), ``--seeds`` searches per strategy.
+   candidates from the measured pool in rounds of :data:`polyc.tune.ROUND` as it proposes live (random
+   sampling: uniformly; the model-based searches: the default and 3 random draws first, then per round the
+   best of :meth:`polyc.tune.search.ModelSearch.rank` over the pool not yet picked and one random pick),
+   sees each as its true time times log-normal noise (``--noise``, 3% by default), and ends with the
+   candidate whose noisy time was lowest; the result is the default's true time over that candidate's.
+   ``--trials`` picks a search (the live 30 s searches measure 25-100; ``--handicap`` takes picks off the
+   model-based searches for the time their model takes), ``--seeds`` searches per strategy. ``model`` learns
+   from the kernel's own picks (after a first sample of :data:`ModelSearch.SAMPLE`); ``transfer`` also from
+   the other kernels' pools of the same target, as records (single measurements, not the IR medians) are
+   history live (leave-one-kernel-out).
 
     python scripts/tune_study.py --measure 200 --only "mlp 64x768x3072,gemver" --data study/
-    python scripts/tune_study.py --data study/ --trials 28 --seeds 30
+    python scripts/tune_study.py --data study/ --trials 28 --seeds 30 --handicap 2
     POLYC_CPU=znver3 python scripts/tune_study.py --measure 200 --data study/    # the AVX2 target's space
 
 Prints, per kernel: candidates, distinct IRs, the best gain in the pool, how many candidates are within 5% of
-the best, each strategy's mean gain and their ratio (the mean over the seeds of log(model gain / random gain),
-as a factor, with its standard error: a seed replays both strategies on the same shuffled pool, so they are
-paired); then the geometric means over the kernels and the ratio's mean over the kernels with its standard
+the best, each strategy's mean gain and its ratio to random sampling (the mean over the seeds of log(gain /
+random gain), as a factor, with its standard error: a seed replays every strategy on the same shuffled pool,
+so they are paired); then the geometric means over the kernels and the ratio's mean over the kernels with its standard
 error (the spread of the replays on these pools; how the pools were drawn adds its own).
 """
 from __future__ import annotations
@@ -49,7 +53,8 @@ from polyc.pipeline import emit, lower, resolve_options
 from polyc.runtime.workers import run_jobs
 from polyc.target import host_target
 from polyc.tune.measure import MeasureJob, compile_or_error, outputs, time_candidate
-from polyc.tune.search import ModelSearch, RandomSearch, space, spec_of
+from polyc.tune import ROUND
+from polyc.tune.search import ModelSearch, RandomSearch, history_rows, space, spec_of
 
 
 def ir_fingerprint(source: str, name: str, sizes: dict, spec: str, target) -> str:
@@ -81,10 +86,12 @@ def measure(label: str, source: str, name: str, sizes: dict, count: int, path: s
 
 
 def load(path: str) -> list[dict]:
-    """The rows of one kernel, each candidate's time replaced by the median over its IR's candidates."""
+    """The rows of one kernel, each candidate's time replaced by the median over its IR's candidates (its single
+    measurement kept as ``measured``)."""
     rows = [json.loads(line) for line in open(path)]
     by_ir: dict = {}
     for r in rows:
+        r["measured"] = r["median"]
         if r["median"]:
             by_ir.setdefault(r["ir"], []).append(r["median"])
     for r in rows:
@@ -93,25 +100,37 @@ def load(path: str) -> list[dict]:
     return rows
 
 
-def replay(rows: list[dict], choices: dict, strategy: str, trials: int, seed: int, noise: float) -> float:
+def history_of(rows: list[dict], checked, lanes: int) -> list:
+    """One kernel's pool as the model's history rows, from the single measurements (as records hold them)."""
+    return history_rows([(Options.from_spec(r["spec"]), r["measured"]) for r in rows], lanes, checked)
+
+
+def replay(rows: list[dict], choices: dict, strategy: str, trials: int, seed: int, noise: float,
+           history: list = (), checked=None) -> float:
     """One search of ``trials`` picks from the measured pool (see the module docstring); its gain. ``choices``:
-    the kernel's space (:func:`polyc.tune.search.space`), for the model's features."""
+    the kernel's space (:func:`polyc.tune.search.space`); ``history``: the other kernels' rows, for
+    ``transfer``; ``checked``: the kernel's def (the model's kernel features)."""
     rng = random.Random(seed)
-    model = ModelSearch(choices, seed=seed) if strategy == "model" else None
+    model = None if strategy == "random" else ModelSearch(
+        choices, seed=seed, history=history if strategy == "transfer" else (), kernel=checked)
     default, pool = rows[0], list(rows[1:])
     rng.shuffle(pool)
     seen = {id(default): default["median"] * math.exp(rng.gauss(0, noise))}
     picked = [default]
+    first = 1 if model is not None and model.history else ModelSearch.SAMPLE
     while len(picked) < trials and pool:
-        ok = [r for r in picked if r["median"]]
-        if model is None or len(picked) < ModelSearch.SAMPLE or not ok or rng.random() < 0.25:
-            candidate = pool.pop()
-        else:
+        wanted = min(ROUND - (len(picked) == 1), trials - len(picked), len(pool))  # round 1: the default + 3
+        batch = []
+        if model is not None and len(picked) >= first:  # as ModelSearch.propose: the best ranked and one random
             ranked = model.rank([r["genes"] for r in pool], [(r["genes"], seen.get(id(r))) for r in picked])
-            best = ranked[0]
-            candidate = pool.pop(next(k for k, r in enumerate(pool) if r["genes"] is best))
-        seen[id(candidate)] = candidate["median"] * math.exp(rng.gauss(0, noise)) if candidate["median"] else None
-        picked.append(candidate)
+            best = {id(g) for g in ranked[:wanted - 1]}
+            batch = [r for r in pool if id(r["genes"]) in best]
+            pool = [r for r in pool if id(r["genes"]) not in best]
+        while len(batch) < wanted:
+            batch.append(pool.pop())
+        for candidate in batch:
+            seen[id(candidate)] = candidate["median"] * math.exp(rng.gauss(0, noise)) if candidate["median"] else None
+            picked.append(candidate)
     chosen = min((r for r in picked if r["median"]), key=lambda r: seen[id(r)])
     return default["median"] / chosen["median"]
 
@@ -125,6 +144,12 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=28)
     parser.add_argument("--seeds", type=int, default=30)
     parser.add_argument("--noise", type=float, default=0.03)
+    parser.add_argument("--handicap", type=int, default=0,
+                        help="picks the model-based searches give up for the time their model takes (live: "
+                             "fitting and scoring a round take about a third of a candidate's compile)")
+    parser.add_argument("--strategies", default="model,transfer",
+                        help="compared with random sampling: model (this kernel's measurements only), transfer "
+                             "(and the other kernels' pools of this target as history)")
     args = parser.parse_args(argv)
     os.makedirs(args.data, exist_ok=True)
     cpu = host_target().cpu
@@ -138,36 +163,47 @@ def main(argv=None) -> int:
     if not paths:
         print(f"no measured pools for {cpu} in {args.data}: run with --measure N first", file=sys.stderr)
         return 2
-    print(f"# {cpu}: searches of {args.trials} candidates replayed on measured pools, {args.seeds} seeds, "
-          f"noise {args.noise:.0%}\n")
-    print("| kernel | candidates | distinct IR | best gain | within 5% of best | random | model | model / random |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    means: dict = {"random": [], "model": []}
-    paired = []  # per kernel: (mean, standard error) of log(model gain / random gain) over the seeds
+    strategies = [w.strip() for w in args.strategies.split(",") if w.strip() and w.strip() != "random"]
+    print(f"# {cpu}: searches of {args.trials} candidates replayed on measured pools ({args.trials - args.handicap} "
+          f"for the model-based), {args.seeds} seeds, noise {args.noise:.0%}\n")
+    print("| kernel | candidates | distinct IR | best gain | within 5% of best | random | "
+          + " | ".join(f"{s} | {s} / random" for s in strategies) + " |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |" + " ---: | ---: |" * len(strategies))
     defs = {label: (source, name) for _, label, source, name, _ in kernel_set()}
+    pools = {}
     for path in paths:
         rows = load(path)
         source, name = defs[rows[0]["kernel"]]
-        choices = space(Kernel(source, name, Options(threads=1), records=False), host_target())
+        kernel = Kernel(source, name, Options(threads=1), records=False)
+        choices = space(kernel, host_target())
+        pools[rows[0]["kernel"]] = (rows, choices, kernel.checked)
+    lanes = max(1, host_target().vector_bits // 32)
+    histories = {label: history_of(rows, checked, lanes) for label, (rows, _, checked) in pools.items()}
+    means: dict = {s: [] for s in ["random", *strategies]}
+    paired: dict = {s: [] for s in strategies}  # per kernel: (mean, standard error) of log(gain / random gain)
+    for label, (rows, choices, checked) in pools.items():
+        history = [h for other, rows_of in histories.items() if other != label for h in rows_of]  # the others'
+        runs = {s: [replay(rows, choices, s, args.trials - (args.handicap if s != "random" else 0), seed,
+                           args.noise, history, checked) for seed in range(args.seeds)] for s in means}
+        for s, v in runs.items():
+            means[s].append(statistics.mean(v))
+        cells = []
+        for s in strategies:  # a seed replays every strategy on the same shuffled pool and first draws: paired
+            logs = [math.log(m / r) for m, r in zip(runs[s], runs["random"])]
+            paired[s].append((statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+                              if len(logs) > 1 else 0.0))
+            cells.append(f"{means[s][-1]:.3f} | {math.exp(paired[s][-1][0]):.3f} +- {paired[s][-1][1]:.3f}")
         times = [r["median"] for r in rows if r["median"]]
-        runs = {s: [replay(rows, choices, s, args.trials, seed, args.noise) for seed in range(args.seeds)]
-                for s in means}
-        gains = {s: statistics.mean(v) for s, v in runs.items()}
-        for s, g in gains.items():
-            means[s].append(g)
-        # the two strategies replay a seed on the same shuffled pool and the same first draws: paired
-        logs = [math.log(m / r) for m, r in zip(runs["model"], runs["random"])]
-        paired.append((statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else 0.0))
-        print(f"| {rows[0]['kernel']} | {len(rows)} | {len({r['ir'] for r in rows})} | "
-              f"{rows[0]['median'] / min(times):.3f} | {sum(t <= 1.05 * min(times) for t in times)} | "
-              f"{gains['random']:.3f} | {gains['model']:.3f} | "
-              f"{math.exp(paired[-1][0]):.3f} +- {paired[-1][1]:.3f} |", flush=True)
+        print(f"| {label} | {len(rows)} | {len({r['ir'] for r in rows})} | {rows[0]['median'] / min(times):.3f} | "
+              f"{sum(t <= 1.05 * min(times) for t in times)} | {means['random'][-1]:.3f} | "
+              + " | ".join(cells) + " |", flush=True)
     geo = {s: math.exp(statistics.mean(math.log(g) for g in v)) for s, v in means.items()}
-    mean = statistics.mean(m for m, _ in paired)
-    error = math.sqrt(sum(e * e for _, e in paired)) / len(paired)
-    print(f"\ngeometric mean gain: random {geo['random']:.3f}, model {geo['model']:.3f}; model / random over the "
-          f"kernels {math.exp(mean):.4f}, standard error {error:.4f} "
-          f"({mean / error if error else 0:.1f} standard errors)")
+    print("\ngeometric mean gain: " + ", ".join(f"{s} {g:.3f}" for s, g in geo.items()))
+    for s, pairs in paired.items():
+        mean = statistics.mean(m for m, _ in pairs)
+        error = math.sqrt(sum(e * e for _, e in pairs)) / len(pairs)
+        print(f"{s} / random over the kernels {math.exp(mean):.4f}, standard error {error:.4f} "
+              f"({mean / error if error else 0:.1f} standard errors)")
     return 0
 
 

@@ -3,7 +3,8 @@
     result = polyc.tune.tune(source, {"M": 512, "N": 512, "K": 512}, budget=60)
     result.best_spec, result.default_seconds, result.best_seconds
 
-The search (:mod:`polyc.tune.search`: a genetic search by default, random sampling for comparison) proposes
+The search (:mod:`polyc.tune.search`: model-based by default, learning from the records of other kernels on this
+target too; genetic without scikit-learn; random sampling for comparison) proposes
 candidates in rounds of :data:`ROUND`; the default options are always the first. Each candidate is compiled,
 checked against the default's output and timed (:mod:`polyc.tune.measure`). Every measured candidate becomes
 a record (:mod:`polyc.runtime.records`: canonical kernel text, sizes, target, polyc version, thread count, the
@@ -38,7 +39,7 @@ from ..runtime.records import disabled as records_disabled, revoke  # noqa: F401
 from ..runtime.workers import run_jobs
 from ..target import host_target
 from .measure import MeasureJob, compile_or_error, outputs, time_candidate
-from .search import Evolution, ModelSearch, RandomSearch, space
+from .search import Evolution, ModelSearch, RandomSearch, history_rows, space
 
 #: Candidates proposed (and compiled at once) per round.
 ROUND = 4
@@ -48,6 +49,18 @@ ROUND = 4
 CONFIRM = 5
 
 STRATEGIES = {"evolution": Evolution, "model": ModelSearch, "random": RandomSearch}
+
+
+def default_strategy() -> str:
+    """``"model"`` (the model-based search with the records of other kernels as history: the one measured to
+    beat random sampling, see the README's Tuning section) when scikit-learn is installed (the ``tune``
+    extra), else ``"evolution"``."""
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        debug.log("tune: scikit-learn is not installed (pip install polyc[tune]): the genetic search")
+        return "evolution"
+    return "model"
 
 
 @dataclass
@@ -71,16 +84,19 @@ class TuneResult:
 
 
 def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0, trials: int | None = None,
-         strategy: str = "evolution", ray: str | None = None, threads: int | None = None, seed: int = 0,
-         processes: int | None = None, write: bool = True, constants=()) -> TuneResult:
+         strategy: str | None = None, ray: str | None = None, threads: int | None = None, seed: int = 0,
+         processes: int | None = None, write: bool = True, constants=(), transfer: bool = True) -> TuneResult:
     """Tune the def ``name`` of ``source`` at ``sizes`` for ``budget`` seconds (wall clock) or ``trials``
-    candidates, whichever ends first; ``strategy`` ``"evolution"``, ``"model"`` or ``"random"``; ``ray``: a Ray
+    candidates, whichever ends first; ``strategy`` ``"model"``, ``"evolution"`` or ``"random"`` (None:
+    :func:`default_strategy`); ``ray``: a Ray
     address to measure on (None: locally); ``threads``: the thread count the kernel runs with (default as
     :func:`polyc.define`); ``processes``: compile workers for local measurement (default the usable cores);
     ``write``: append the records to the records file; ``constants``: the inputs the kernel takes as constants
     where it runs (a model's weights: compiled to take them packed, packed once before timing, and the records
-    keyed by them, :func:`polyc.runtime.records.record_key`). Raises PolycError for an unknown strategy, a def that
-    does not compile with the default options, or Ray missing when asked for."""
+    keyed by them, :func:`polyc.runtime.records.record_key`); ``transfer``: the model-based search also learns
+    from the records of other kernels on this target and thread count (:func:`history`). Raises PolycError for
+    an unknown strategy, a def that does not compile with the default options, or Ray missing when asked for."""
+    strategy = strategy or default_strategy()
     if strategy not in STRATEGIES:
         raise PolycError(f"unknown search strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     kernel = Kernel(source, name, Options(threads=threads), records=False)
@@ -92,7 +108,12 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
     key = records.record_key(source, kernel.name, sizes, target, threads, constants)
     base = MeasureJob(source, kernel.name, tuple(sorted(sizes.items())), threads, "", seed, constants)
     reference = outputs(base)  # raises for a def the default options cannot compile
-    search = STRATEGIES[strategy](space(kernel, target), seed)
+    choices = space(kernel, target)
+    if strategy == "model":
+        search = ModelSearch(choices, seed, history=history(target, threads, exclude=key) if transfer else (),
+                             kernel=kernel.checked)
+    else:
+        search = STRATEGIES[strategy](choices, seed)
     measure = _ray_measurer(ray) if ray else _local_measurer(processes or target.cores)
     started = time.monotonic()
     result = TuneResult(kernel.name, sizes, float("inf"), float("inf"), "")
@@ -148,6 +169,41 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
         if result.best_seconds >= result.default_seconds:
             result.best_spec, result.best_seconds = "", result.default_seconds
     return result
+
+
+#: The most recent history rows the model-based search fits (a forest's fit grows with them).
+HISTORY_ROWS = 4000
+
+
+def history(target, threads: int, exclude: str | None = None, path=None) -> list:
+    """The records of other kernels (keys other than ``exclude``) measured on ``target`` with ``threads``, any
+    polyc version, as :func:`polyc.tune.search.history_rows` (the model's training rows: options and kernel
+    features, log of the time relative to the kernel's default); the :data:`HISTORY_ROWS` most recent. Keys
+    without a timed default, records whose options no longer parse and defs that no longer compile are
+    skipped. ``path``: the records file (default :func:`polyc.runtime.records.records_path`)."""
+    by_key: dict = {}
+    for record in records.read(path):
+        if record.get("target") == target.key() and record.get("threads") == threads and "options" in record \
+                and record.get("key") != exclude:
+            by_key.setdefault(record["key"], []).append(record)
+    lanes = max(1, target.vector_bits // 32)
+    rows: list = []
+    for group in sorted(by_key.values(), key=lambda g: max(r.get("time", 0) for r in g), reverse=True):
+        try:
+            checked = Kernel(group[0]["source"], group[0]["name"], records=False).checked
+        except (PolycError, KeyError, TypeError):
+            continue
+        measured = []
+        for record in group:
+            try:
+                measured.append((Options.from_spec(record["options"]), record["median"] if record.get("ok") else None))
+            except (PolycError, TypeError):
+                continue
+        if any(o == Options() and t for o, t in measured):
+            rows += history_rows(measured, lanes, checked)
+        if len(rows) >= HISTORY_ROWS:
+            break
+    return rows[:HISTORY_ROWS]
 
 
 def _spec(fields: dict) -> str:

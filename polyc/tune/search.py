@@ -23,14 +23,19 @@ redrawn; duplicates of measured candidates are redrawn. :class:`RandomSearch` dr
 the baseline the others are compared with (``scripts/tune_kernels.py --compare``).
 
 :class:`ModelSearch` is model-based, as TVM's AutoTVM and MetaSchedule are (there XGBoost over features of
-the lowered program; here a random forest over the genes): after a first sample (the default and random
-draws, :data:`ModelSearch.SAMPLE` candidates), each round fits scikit-learn's ``RandomForestRegressor`` to
-the log of every measured time (a failed candidate counts as twice the slowest), scores a pool of fresh
-random draws and of children of the best measured candidates (the evolution's crossover and mutation)
+the lowered program; here a random forest over features of the options, :func:`option_features`, and of the
+kernel, :func:`kernel_features`): each round fits scikit-learn's ``RandomForestRegressor`` to the log of every
+measured time relative to the default's (a failed candidate counts as twice the slowest), scores a pool of
+fresh random draws and of children of the best measured candidates (the evolution's crossover and mutation)
 without measuring them, and proposes those with the lowest lower confidence bound (the forest's mean
 prediction minus :data:`ModelSearch.KAPPA` times its trees' standard deviation: a candidate the model is
-unsure of may be very good), plus one random draw a round. Fitting and scoring take about 0.2 s a round,
-inside the same budget. All three searches are deterministic for a seed.
+unsure of may be very good), plus one random draw a round. Its ``history`` is *transfer learning*, as
+AutoTVM's transfer from earlier tuning logs: the records of other kernels measured on the same target
+(:func:`polyc.tune.history`) are rows of the same forest, each of this kernel's own measurements weighing
+:data:`ModelSearch.OWN_WEIGHT` times one of theirs, so what paid on other kernels (of a similar shape and
+time: the kernel features) ranks the first candidates; with history the model ranks from the second round,
+without it after a first sample of :data:`ModelSearch.SAMPLE` random draws. Fitting and scoring take
+0.2-0.5 s a round, inside the same budget. All three searches are deterministic for a seed.
 """
 from __future__ import annotations
 
@@ -194,29 +199,38 @@ class Evolution(RandomSearch):
 
 class ModelSearch(Evolution):
     """Model-based search (see the module docstring): a random forest predicts a candidate's log time from its
-    genes; the pool's candidates with the lowest lower confidence bound are proposed. Needs scikit-learn
+    options (:func:`option_features`) and the kernel's (:func:`kernel_features`); the pool's candidates with
+    the lowest lower confidence bound are proposed. ``history``: rows of :func:`history_rows` (other kernels
+    measured on this target), fitted beside this kernel's measurements (transfer learning); ``kernel``: the
+    checked def being tuned (its features; None: none, as without history). Needs scikit-learn
     (``pip install polyc[tune]``; PolycError otherwise)."""
 
-    #: Candidates measured before the model is first fitted (the default and random draws).
+    #: Candidates measured before the model is first fitted without history (the default and random draws);
+    #: with history the model ranks from the second round on.
     SAMPLE = 8
     #: Unmeasured candidates the model scores per round: fresh random draws and children of the best.
     POOL = 1000
     #: Standard deviations of the trees' predictions taken off the mean (the lower confidence bound).
-    KAPPA = 0.5
+    KAPPA = 1.5
+    #: How much one measurement of the kernel being tuned weighs against one row of history.
+    OWN_WEIGHT = 3.0
 
-    def __init__(self, choices: dict, seed: int = 0, population: int = 8):
+    def __init__(self, choices: dict, seed: int = 0, population: int = 8, history=(), kernel=None):
         super().__init__(choices, seed, population)
         try:
             from sklearn.ensemble import RandomForestRegressor
         except ImportError:
             raise PolycError("the model-based search needs scikit-learn", hint="pip install polyc[tune]") from None
-        self._forest = lambda: RandomForestRegressor(n_estimators=64, min_samples_leaf=1, max_features=0.5,
+        self._forest = lambda: RandomForestRegressor(n_estimators=48, min_samples_leaf=2, max_features=0.5,
                                                      random_state=self.rng.randrange(2 ** 31))
+        self.history = list(history)
+        self.kernel = kernel
+        self.lanes = choices["cols"][0] if choices.get("cols") else 1
 
     def propose(self, count: int, measured: list) -> list[dict]:
         """``measured``: ``(fields, median seconds or None)`` of every candidate so far."""
         scored = [(self.seen[spec_of(f)], t) for f, t in measured if spec_of(f) in self.seen]
-        if len(scored) < self.SAMPLE or not any(t is not None for _, t in scored):
+        if len(scored) < (1 if self.history else self.SAMPLE) or not any(t is not None for _, t in scored):
             return self._fresh(count, self._draw)
         good = sorted((m for m in scored if m[1] is not None), key=lambda m: m[1])[:self.population]
         pool, specs = [], set()
@@ -233,31 +247,86 @@ class ModelSearch(Evolution):
 
     def rank(self, pool: list[dict], scored: list) -> list[dict]:
         """The genotypes of ``pool`` from the most promising on: by the lower confidence bound of a random forest
-        fitted to ``scored`` (``(genotype, seconds or None)``, at least one with seconds; a failed one counts
-        as twice the slowest)."""
-        worst = max(math.log(t) for _, t in scored if t is not None) + math.log(2)
-        x = np.array([self.features(g) for g, _ in scored])
-        y = np.array([math.log(t) if t is not None else worst for _, t in scored])
-        forest = self._forest().fit(x, y)
-        candidates = np.array([self.features(g) for g in pool])
+        fitted to ``scored`` (``(genotype, seconds or None)``, at least one with seconds; times relative to the
+        default's, a failed one as twice the slowest) and the history."""
+        measured = [(Options(**options_of(g)), t) for g, t in scored]
+        own = history_rows(measured, self.lanes, self.kernel)
+        rows = own + self.history
+        x = np.array([r for r, _ in rows])
+        y = np.array([t for _, t in rows])
+        weights = np.array([self.OWN_WEIGHT] * len(own) + [1.0] * len(self.history))
+        varies = x.std(axis=0) > 0  # constant columns only dilute the forest's random choice of split columns
+        forest = self._forest().fit(x[:, varies], y, sample_weight=weights)
+        described = kernel_features(self.kernel, _default_seconds(measured))
+        candidates = np.array([option_features(Options(**options_of(g)), self.lanes) + described
+                               for g in pool])[:, varies]
         per_tree = np.array([tree.predict(candidates) for tree in forest.estimators_])
         bound = per_tree.mean(axis=0) - self.KAPPA * per_tree.std(axis=0)
         return [pool[k] for k in np.argsort(bound, kind="stable")]
 
-    def features(self, genes: dict) -> list[float]:
-        """The genotype as numbers: an ordered gene as log2 of its value (0 where it has no effect: tile sizes
-        when the tiles are derived or tiling is off, the register tile when derived), any other gene one-hot."""
-        row = []
-        tiled = genes.get("tile", True) is not False
-        for gene, values in self.choices.items():
-            value = genes[gene]
-            if gene.startswith("tile."):
-                row.append(math.log2(value) if tiled and genes.get("tiles") == "explicit" else 0.0)
-            elif gene in ORDINAL:
-                row.append(math.log2(value) if genes.get("registers") == "explicit" else 0.0)
-            else:
-                row.extend(1.0 if value == v else 0.0 for v in values)
-        return row
+
+#: The Options fields :func:`option_features` encodes one-hot, with their values.
+ONE_HOT = (("unroll", (None, 0, 4, 8, 16)), ("reduction_unroll", (None, 1, 2, 8)), ("promote", (None, True, False)),
+           ("prefetch", (None, True, False)), ("fusion", ("smart", "max", "min")))
+
+#: Tile-size columns of :func:`option_features` (the sizes cycle over them, as over a band's members).
+TILE_COLUMNS = 7
+
+
+def option_features(options: Options, lanes: int) -> list[float]:
+    """A candidate's Options as numbers that mean the same for every kernel, so measurements of other kernels
+    inform this one's: the :data:`ONE_HOT` fields one-hot, ``rar`` and ``tile`` as 0/1, explicit tile sizes as
+    a flag, the log2 of the smallest and the largest and of the first :data:`TILE_COLUMNS` (cycled, as the
+    strategy applies them to a band's members; zeros when derived or untiled), an explicit register tile as a
+    flag, log2 rows and log2 of its columns in vectors of ``lanes``."""
+    row = []
+    for name, values in ONE_HOT:
+        row.extend(1.0 if getattr(options, name) == v else 0.0 for v in values)
+    row += [1.0 if options.rar else 0.0, 0.0 if options.tile is False else 1.0]
+    sizes = options.tile_sizes if options.tile is not False and options.tile_sizes else None
+    if sizes:
+        logs = [math.log2(s) for s in sizes]
+        row += [1.0, min(logs), max(logs)] + [logs[k % len(logs)] for k in range(TILE_COLUMNS)]
+    else:
+        row += [0.0] * (3 + TILE_COLUMNS)
+    registers = options.register_tile_sizes
+    row += [1.0, math.log2(registers[0]), math.log2(registers[-1] / lanes)] if registers else [0.0] * 3
+    return row
+
+
+def kernel_features(checked, default_seconds: float) -> list[float]:
+    """A kernel as numbers, beside :func:`option_features`: the log of its default's time (``default_seconds``)
+    and, of ``checked`` (a :class:`~polyc.lang.ast.CheckedDef`; None: zeros), the statement count and its
+    largest statement's loops, reduction loops and left-hand loops."""
+    if checked is None or not checked.statements:
+        return [math.log(default_seconds), 0.0, 0.0, 0.0, 0.0]
+    largest = max(checked.statements, key=lambda s: len(s.indices))
+    return [math.log(default_seconds), float(len(checked.statements)), float(len(largest.indices)),
+            float(len(largest.reduction_indices)), float(len(largest.lhs_indices))]
+
+
+def history_rows(measured: list, lanes: int, checked=None) -> list[tuple[list, float]]:
+    """One kernel's measurements as the model's rows: ``measured`` is ``(Options, seconds or None)`` with the
+    default (``Options()``) among them; each row is ``(option_features + kernel_features, log(seconds / the
+    default's))``, a failed candidate at the log of twice the slowest's ratio (without a default: relative
+    to the median time; ``[]`` when no candidate has a time). ``checked``: the kernel's def
+    (:func:`kernel_features`)."""
+    default = _default_seconds(measured)
+    if default is None:
+        return []
+    described = kernel_features(checked, default)
+    ratios = [math.log(t / default) for _, t in measured if t is not None]
+    failed = max(ratios) + math.log(2)
+    return [(option_features(f, lanes) + described, math.log(t / default) if t is not None else failed)
+            for f, t in measured]
+
+
+def _default_seconds(measured: list) -> float | None:
+    """The median time of the default candidates (``Options()``) in ``measured``, else of all that have one;
+    None when none has."""
+    default = Options()
+    times = sorted(t for o, t in measured if o == default and t) or sorted(t for _, t in measured if t)
+    return times[len(times) // 2] if times else None
 
 
 def _cycle(items: list):

@@ -72,6 +72,87 @@ def test_the_model_based_search_learns_which_genes_pay():
     assert sum(f.get("fusion") == "min" for f in proposed) <= 6 * 4  # at most the one random draw a round
 
 
+GEMV = "def gemv(float(N,K) W, float(K) x) -> (y) { y(n) +=! W(n,k) * x(k) }"
+
+
+def _toy_cost(fields):
+    """A made-up cost: tiling off, promotion off and unroll 16 each pay; fusion=min fails (no time)."""
+    if fields.get("fusion") == "min":
+        return None
+    return ((1.5 if fields.get("tile", True) else 1.0) * (1.2 if fields.get("promote") is not False else 1.0)
+            * (1.0 if fields.get("unroll") == 16 else 1.3))
+
+
+def _toy_good(fields):
+    return fields.get("tile") is False and fields.get("promote") is False and fields.get("unroll") == 16
+
+
+def test_history_is_the_records_of_other_kernels_on_this_target(record_file):
+    """tune.history: rows of every other key measured on this target with these threads (times relative to
+    that key's default, a failed candidate above the slowest); not the excluded key, another thread count or
+    another target; records that no longer parse are skipped."""
+    target = host_target()
+    common = dict(target=target.key(), cpu=target.cpu, version="0", constants=[], ok=True, time=1.0)
+    for key, source, name, threads, tkey in (("a", GEMV, "gemv", 1, target.key()), ("b", MATMUL, "mm", 1, target.key()),
+                                             ("c", GEMV, "gemv", 2, target.key()), ("d", GEMV, "gemv", 1, "other")):
+        for spec, median in (("", 2e-3), ("unroll=16", 1e-3), ("tile=0", 4e-3), ("fusion=min", None)):
+            records.append(dict(common, key=key, source=source, name=name, threads=threads, options=spec,
+                                default=spec == "", median=median, ok=median is not None, target=tkey))
+    records.append(dict(common, key="a", source=GEMV, name="gemv", threads=1, options="nonsense=1", median=1e-3))
+    rows = tune.history(target, 1, exclude="b")
+    assert [round(float(np.exp(y)), 6) for _, y in rows] == [1.0, 0.5, 2.0, 4.0]  # 2x the slowest ratio
+    width = len(rows[0][0])
+    assert all(len(x) == width for x, _ in rows)
+    assert len(tune.history(target, 1)) == 8 and tune.history(target, 2, exclude="c") == []
+
+
+def test_history_from_other_kernels_guides_the_model_from_its_second_round():
+    """Transfer: with another kernel's measurements as history (where tiling off, promotion off and unroll 16
+    pay), the model ranks from the second round on, after the default and three random draws, and proposes
+    those genes far more often than random draws do (over six seeds); without history it still samples."""
+    target = host_target()
+    lanes = max(1, target.vector_bits // 32)
+    other = Kernel(GEMV)
+    pool = [{}] + RandomSearch(space(other, target), seed=99).propose(60, [])[1:]
+    history = tune.search.history_rows([(Options(**f), _toy_cost(f)) for f in pool], lanes, other.checked)
+    choices = space(Kernel(MATMUL), target)
+    proposed, drawn, plain = [], [], []
+    for seed in range(6):
+        search = ModelSearch(choices, seed=seed, history=history, kernel=Kernel(MATMUL).checked)
+        measured = [(f, _toy_cost(f)) for f in search.propose(4, [])]
+        proposed += search.propose(4, measured)
+        drawn += RandomSearch(choices, seed=seed).propose(100, [])[1:]
+        alone = ModelSearch(choices, seed=seed)
+        plain += alone.propose(4, [(f, _toy_cost(f)) for f in alone.propose(4, [])])
+    assert sum(map(_toy_good, proposed)) / len(proposed) > 5 * sum(map(_toy_good, drawn)) / len(drawn)
+    assert sum(map(_toy_good, plain)) <= 3  # random draws: the same few as drawn
+
+
+def test_the_default_search_is_the_model_with_history_and_genetic_without_scikit_learn(record_file, monkeypatch):
+    """tune() without a strategy: the model-based search, given the records of the other kernels on this target
+    as history (the GEMV's, not the tuned def's own); without scikit-learn the genetic search."""
+    target = host_target()
+    for spec, median in (("", 2e-3), ("unroll=16", 1e-3)):
+        records.append(dict(key="other", source=GEMV, name="gemv", sizes={}, target=target.key(), cpu=target.cpu,
+                            version="0", threads=1, constants=[], options=spec, default=spec == "", ok=True,
+                            median=median, time=1.0))
+    seen = []
+    original = ModelSearch.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        seen.append((len(self.history), self.kernel.name))
+    monkeypatch.setattr(ModelSearch, "__init__", spy)
+    result = tune.tune(MATMUL, SIZES, trials=2, threads=1, processes=1, write=False)
+    assert seen == [(2, "mm")] and all(r["strategy"] == "model" for r in result.records)
+    tune.tune(MATMUL, SIZES, trials=1, threads=1, processes=1, write=False, transfer=False)
+    assert seen[-1] == (0, "mm")
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # import sklearn now raises ImportError
+    assert tune.default_strategy() == "evolution"
+    result = tune.tune(MATMUL, SIZES, trials=2, threads=1, processes=1, write=False)
+    assert all(r["strategy"] == "evolution" for r in result.records) and len(seen) == 2
+
+
 def test_a_candidate_that_changes_the_result_is_not_ok():
     job = MeasureJob(MATMUL, "mm", tuple(sorted(SIZES.items())), 1, "")
     reference = outputs(job)
