@@ -26,9 +26,8 @@ the baseline the others are compared with (``scripts/tune_kernels.py --compare``
 the lowered program; here a random forest over features of the options, :func:`option_features`, and of the
 kernel, :func:`kernel_features`): each round fits scikit-learn's ``RandomForestRegressor`` to the log of every
 measured time relative to the default's (a failed candidate counts as twice the slowest), scores a pool of
-fresh random draws and of children of the best measured candidates (the evolution's crossover and mutation)
-without measuring them, and proposes those with the lowest lower confidence bound (the forest's mean
-prediction minus :data:`ModelSearch.KAPPA` times its trees' standard deviation: a candidate the model is
+:data:`ModelSearch.POOL` fresh random draws without measuring them, and proposes those with the lowest lower
+confidence bound (the forest's mean prediction minus :data:`ModelSearch.KAPPA` times its trees' standard deviation: a candidate the model is
 unsure of may be very good), plus one random draw a round. Its ``history`` is *transfer learning*, as
 AutoTVM's transfer from earlier tuning logs: the records of other kernels measured on the same target
 (:func:`polyc.tune.history`) are rows of the same forest, each of this kernel's own measurements weighing
@@ -208,8 +207,10 @@ class ModelSearch(Evolution):
     #: Candidates measured before the model is first fitted without history (the default and random draws);
     #: with history the model ranks from the second round on.
     SAMPLE = 8
-    #: Unmeasured candidates the model scores per round: fresh random draws and children of the best.
-    POOL = 1000
+    #: Fresh random draws the model scores per round (unmeasured). As many as a measured pool of the study
+    #: (``scripts/tune_study.py``) holds: ranked among 1000 draws and children of the best, the bound's
+    #: spread picked the space's extremes (4x4x4 tiles at 0.08x the default) and lost to random sampling live.
+    POOL = 100
     #: Standard deviations of the trees' predictions taken off the mean (the lower confidence bound).
     KAPPA = 1.5
     #: How much one measurement of the kernel being tuned weighs against one row of history.
@@ -232,10 +233,9 @@ class ModelSearch(Evolution):
         scored = [(self.seen[spec_of(f)], t) for f, t in measured if spec_of(f) in self.seen]
         if len(scored) < (1 if self.history else self.SAMPLE) or not any(t is not None for _, t in scored):
             return self._fresh(count, self._draw)
-        good = sorted((m for m in scored if m[1] is not None), key=lambda m: m[1])[:self.population]
         pool, specs = [], set()
-        for k in range(self.POOL):
-            genes = self._draw() if k % 2 else self._child(good)
+        for _ in range(self.POOL):
+            genes = self._draw()
             spec = spec_of(options_of(genes))
             if spec not in self.seen and spec not in specs:
                 specs.add(spec)

@@ -15,7 +15,7 @@ from polyc.options import Options
 from polyc.runtime import records
 from polyc.target import host_target
 from polyc.tune.measure import MeasureJob, outputs, time_candidate
-from polyc.tune.search import Evolution, ModelSearch, RandomSearch, space, spec_of
+from polyc.tune.search import Evolution, ModelSearch, RandomSearch, options_of, space, spec_of
 
 MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
 SIZES = {"M": 48, "K": 37, "N": 64}
@@ -44,32 +44,23 @@ def test_the_search_starts_from_the_default_and_never_repeats_a_candidate():
 
 
 def test_the_model_based_search_learns_which_genes_pay():
-    """On a made-up cost where tiling off, promotion off and unroll 16 each pay (and a failed candidate has no
-    time), the model's proposals after the first sample carry those genes far more often than random draws:
-    the model, not the pool, chooses them (over six seeds)."""
+    """On a made-up cost (:func:`_toy_cost`) the model, fitted to its own 24 measurements, ranks a pool of fresh
+    random draws with the candidates that carry all three paying genes near the top (mean position under 0.35
+    of the pool, over six seeds; random order: 0.5, standard error about 0.04), and proposes the failing
+    fusion=min at most once a round (its random draw)."""
     choices = space(Kernel(MATMUL), host_target())
-
-    def cost(fields):
-        if fields.get("fusion") == "min":
-            return None  # a candidate that failed
-        return ((1.5 if fields.get("tile", True) else 1.0) * (1.2 if fields.get("promote") is not False else 1.0)
-                * (1.0 if fields.get("unroll") == 16 else 1.3))
-
-    def good(fields):
-        return fields.get("tile") is False and fields.get("promote") is False and fields.get("unroll") == 16
-
-    proposed, drawn = [], []
-    for seed in range(6):  # a first sample of 8 may miss a gene's effect: the claim is over seeds
+    positions, proposed = [], []
+    for seed in range(6):
         search, measured = ModelSearch(choices, seed=seed), []
-        while len(measured) < ModelSearch.SAMPLE:
-            measured += [(f, cost(f)) for f in search.propose(4, measured)]
-        for _ in range(4):
+        while len(measured) < 24:
             batch = search.propose(4, measured)
-            proposed += batch
-            measured += [(f, cost(f)) for f in batch]
-        drawn += RandomSearch(choices, seed=seed).propose(100, [])[1:]
-    assert sum(map(good, proposed)) / len(proposed) > 5 * sum(map(good, drawn)) / len(drawn)
-    assert sum(f.get("fusion") == "min" for f in proposed) <= 6 * 4  # at most the one random draw a round
+            proposed += batch if len(measured) >= ModelSearch.SAMPLE else []
+            measured += [(f, _toy_cost(f)) for f in batch]
+        draws = RandomSearch(choices, seed=100 + seed)
+        ranked = search.rank([draws._draw() for _ in range(300)], [(search.seen[spec_of(f)], t) for f, t in measured])
+        positions += [k / len(ranked) for k, g in enumerate(ranked) if _toy_good(options_of(g))]
+    assert len(positions) > 30 and sum(positions) / len(positions) < 0.35
+    assert sum(f.get("fusion") == "min" for f in proposed) <= 6 * 4
 
 
 GEMV = "def gemv(float(N,K) W, float(K) x) -> (y) { y(n) +=! W(n,k) * x(k) }"
@@ -107,25 +98,24 @@ def test_history_is_the_records_of_other_kernels_on_this_target(record_file):
 
 
 def test_history_from_other_kernels_guides_the_model_from_its_second_round():
-    """Transfer: with another kernel's measurements as history (where tiling off, promotion off and unroll 16
-    pay), the model ranks from the second round on, after the default and three random draws, and proposes
-    those genes far more often than random draws do (over six seeds); without history it still samples."""
+    """Transfer: with another kernel's measurements as history (on :func:`_toy_cost`), the model ranks from the
+    second round on, after the default and three random draws, and already then puts the candidates with the
+    three paying genes near the top of a pool of fresh draws (mean position under 0.35, over six seeds)."""
     target = host_target()
     lanes = max(1, target.vector_bits // 32)
     other = Kernel(GEMV)
     pool = [{}] + RandomSearch(space(other, target), seed=99).propose(60, [])[1:]
     history = tune.search.history_rows([(Options(**f), _toy_cost(f)) for f in pool], lanes, other.checked)
     choices = space(Kernel(MATMUL), target)
-    proposed, drawn, plain = [], [], []
+    positions = []
     for seed in range(6):
         search = ModelSearch(choices, seed=seed, history=history, kernel=Kernel(MATMUL).checked)
         measured = [(f, _toy_cost(f)) for f in search.propose(4, [])]
-        proposed += search.propose(4, measured)
-        drawn += RandomSearch(choices, seed=seed).propose(100, [])[1:]
-        alone = ModelSearch(choices, seed=seed)
-        plain += alone.propose(4, [(f, _toy_cost(f)) for f in alone.propose(4, [])])
-    assert sum(map(_toy_good, proposed)) / len(proposed) > 5 * sum(map(_toy_good, drawn)) / len(drawn)
-    assert sum(map(_toy_good, plain)) <= 3  # random draws: the same few as drawn
+        assert len(search.propose(4, measured)) == 4  # ranked: the model is fitted from the second round
+        draws = RandomSearch(choices, seed=100 + seed)
+        ranked = search.rank([draws._draw() for _ in range(300)], [(search.seen[spec_of(f)], t) for f, t in measured])
+        positions += [k / len(ranked) for k, g in enumerate(ranked) if _toy_good(options_of(g))]
+    assert len(positions) > 30 and sum(positions) / len(positions) < 0.35
 
 
 def test_the_default_search_is_the_model_with_history_and_genetic_without_scikit_learn(record_file, monkeypatch):
