@@ -22,19 +22,19 @@ neighbouring value three times in four, so the search climbs along a size that p
 redrawn; duplicates of measured candidates are redrawn. :class:`RandomSearch` draws each gene uniformly:
 the baseline the others are compared with (``scripts/tune_kernels.py --compare``).
 
-:class:`ModelSearch` is model-based, as TVM's AutoTVM and MetaSchedule are (there XGBoost over features of
-the lowered program; here a random forest over features of the options, :func:`option_features`, and of the
+:class:`ModelSearch` is model-based, as TVM's AutoTVM and MetaSchedule are (there XGBoost over features of the
+lowered program; here a random forest over features of the options, :func:`option_features`, and of the
 kernel, :func:`kernel_features`): each round fits scikit-learn's ``RandomForestRegressor`` to the log of every
 measured time relative to the default's (a failed candidate counts as twice the slowest), scores a pool of
 :data:`ModelSearch.POOL` fresh random draws without measuring them, and proposes those with the lowest lower
-confidence bound (the forest's mean prediction minus :data:`ModelSearch.KAPPA` times its trees' standard deviation: a candidate the model is
-unsure of may be very good), plus one random draw a round. Its ``history`` is *transfer learning*, as
-AutoTVM's transfer from earlier tuning logs: the records of other kernels measured on the same target
-(:func:`polyc.tune.history`) are rows of the same forest, each of this kernel's own measurements weighing
-:data:`ModelSearch.OWN_WEIGHT` times one of theirs, so what paid on other kernels (of a similar shape and
-time: the kernel features) ranks the first candidates; with history the model ranks from the second round,
-without it after a first sample of :data:`ModelSearch.SAMPLE` random draws. Fitting and scoring take
-0.2-0.5 s a round, inside the same budget. All three searches are deterministic for a seed.
+confidence bound (the forest's mean prediction minus :data:`ModelSearch.KAPPA` times its trees' standard
+deviation: a candidate the model is unsure of may be very good), plus one random draw a round. Its ``history``
+is *transfer learning*, as AutoTVM's transfer from earlier tuning logs: the records of other kernels measured
+on the same target (:func:`polyc.tune.history`) are rows of the same forest, each of this kernel's own
+measurements weighing :data:`ModelSearch.OWN_WEIGHT` times one of theirs, so what paid on other kernels (of a
+similar shape and time: the kernel features) ranks the first candidates; with history the model ranks from the
+second round, without it after a first sample of :data:`ModelSearch.SAMPLE` random draws. Fitting and scoring
+take 0.2-0.5 s a round, inside the same budget. All three searches are deterministic for a seed.
 """
 from __future__ import annotations
 
