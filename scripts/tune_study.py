@@ -29,8 +29,8 @@ measures a kernel's space once and replays searches on it many times (a surrogat
 Prints, per kernel: candidates, distinct IRs, the best gain in the pool, how many candidates are within 5% of
 the best, each strategy's mean gain and its ratio to random sampling (the mean over the seeds of log(gain /
 random gain), as a factor, with its standard error: a seed replays every strategy on the same shuffled pool,
-so they are paired); then the geometric means over the kernels and the ratio's mean over the kernels with its standard
-error (the spread of the replays on these pools; how the pools were drawn adds its own).
+so they are paired); then the geometric means over the kernels and the ratio's mean over the kernels with its
+standard error (the spread of the replays on these pools; how the pools were drawn adds its own).
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
     result = polyc.tune.tune(source, {"M": 512, "N": 512, "K": 512}, budget=60)
     result.best_spec, result.default_seconds, result.best_seconds
 
-The search (:mod:`polyc.tune.search`: model-based by default, learning from the records of other kernels on this
-target too; genetic without scikit-learn; random sampling for comparison) proposes
-candidates in rounds of :data:`ROUND`; the default options are always the first. Each candidate is compiled,
+The search (:mod:`polyc.tune.search`: model-based by default, learning from the records of other kernels on
+this target too; genetic without scikit-learn; random sampling for comparison) proposes candidates in rounds
+of :data:`ROUND`; the default options are always the first. Each candidate is compiled,
 checked against the default's output and timed (:mod:`polyc.tune.measure`). Every measured candidate becomes
 a record (:mod:`polyc.runtime.records`: canonical kernel text, sizes, target, polyc version, thread count, the
 options spec and the times). A search ends with a confirmation: the default and the best candidate measured
@@ -88,9 +88,8 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
          processes: int | None = None, write: bool = True, constants=(), transfer: bool = True) -> TuneResult:
     """Tune the def ``name`` of ``source`` at ``sizes`` for ``budget`` seconds (wall clock) or ``trials``
     candidates, whichever ends first; ``strategy`` ``"model"``, ``"evolution"`` or ``"random"`` (None:
-    :func:`default_strategy`); ``ray``: a Ray
-    address to measure on (None: locally); ``threads``: the thread count the kernel runs with (default as
-    :func:`polyc.define`); ``processes``: compile workers for local measurement (default the usable cores);
+    :func:`default_strategy`); ``ray``: a Ray address to measure on (None: locally); ``threads``: the thread
+    count the kernel runs with (default as :func:`polyc.define`); ``processes``: compile workers for local measurement (default the usable cores);
     ``write``: append the records to the records file; ``constants``: the inputs the kernel takes as constants
     where it runs (a model's weights: compiled to take them packed, packed once before timing, and the records
     keyed by them, :func:`polyc.runtime.records.record_key`); ``transfer``: the model-based search also learns

@@ -196,7 +196,7 @@ class Evolution(RandomSearch):
         return min(self.rng.sample(good, min(3, len(good))), key=lambda m: m[1])[0]
 
 
-class ModelSearch(Evolution):
+class ModelSearch(RandomSearch):
     """Model-based search (see the module docstring): a random forest predicts a candidate's log time from its
     options (:func:`option_features`) and the kernel's (:func:`kernel_features`); the pool's candidates with
     the lowest lower confidence bound are proposed. ``history``: rows of :func:`history_rows` (other kernels
@@ -216,8 +216,8 @@ class ModelSearch(Evolution):
     #: How much one measurement of the kernel being tuned weighs against one row of history.
     OWN_WEIGHT = 3.0
 
-    def __init__(self, choices: dict, seed: int = 0, population: int = 8, history=(), kernel=None):
-        super().__init__(choices, seed, population)
+    def __init__(self, choices: dict, seed: int = 0, history=(), kernel=None):
+        super().__init__(choices, seed)
         try:
             from sklearn.ensemble import RandomForestRegressor
         except ImportError:
