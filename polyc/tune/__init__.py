@@ -89,7 +89,8 @@ def tune(source: str, sizes: dict, name: str | None = None, budget: float = 60.0
     """Tune the def ``name`` of ``source`` at ``sizes`` for ``budget`` seconds (wall clock) or ``trials``
     candidates, whichever ends first; ``strategy`` ``"model"``, ``"evolution"`` or ``"random"`` (None:
     :func:`default_strategy`); ``ray``: a Ray address to measure on (None: locally); ``threads``: the thread
-    count the kernel runs with (default as :func:`polyc.define`); ``processes``: compile workers for local measurement (default the usable cores);
+    count the kernel runs with (default as :func:`polyc.define`); ``processes``: compile workers for local
+    measurement (default the usable cores);
     ``write``: append the records to the records file; ``constants``: the inputs the kernel takes as constants
     where it runs (a model's weights: compiled to take them packed, packed once before timing, and the records
     keyed by them, :func:`polyc.runtime.records.record_key`); ``transfer``: the model-based search also learns
